@@ -1,0 +1,116 @@
+"""Where the code runs: the device, smoke mode, and the provenance of a run.
+
+Chapters run for real on a CUDA GPU. On a machine without one they still run end to end in
+*smoke mode*: small sizes, host-clock timing, and a visible warning that the numbers are not
+GPU results. Nothing in smoke mode may be presented as a GPU measurement.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+
+import torch
+
+SMOKE_WARNING = (
+    "**Smoke mode: no CUDA device.** This run uses small sizes and a host clock so that the "
+    "chapter can be executed end to end on a CPU. Its numbers are *not* GPU results; the "
+    "recorded GPU run is in `book/_recorded/`."
+)
+
+
+def smoke_mode() -> bool:
+    """True when no CUDA device is visible: chapters then shrink their sizes and warn."""
+    return not torch.cuda.is_available()
+
+
+def device() -> torch.device:
+    """The device chapters run on: the current CUDA device, else the CPU (smoke mode)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def gpu_name() -> str | None:
+    """The CUDA device's name as the driver reports it (e.g. 'NVIDIA H200'), or None."""
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver version (e.g. '580.159.04'), read from nvidia-smi; None without it."""
+    if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip().splitlines()[0] if out.strip() else None
+
+
+def _version(package: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def provenance() -> dict:
+    """What produced a run: hardware, software versions and the date (UTC)."""
+    props = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
+    return {
+        "gpu": gpu_name(),
+        "gpu_memory_gib": round(props.total_memory / 2**30, 1) if props else None,
+        "sm_count": props.multi_processor_count if props else None,
+        "driver": driver_version(),
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "smoke": smoke_mode(),
+    }
+
+
+def announce() -> dict:
+    """Show, at the top of a chapter, what this run executes on; warn loudly in smoke mode.
+
+    Returns the provenance dict so the chapter can glue its fields into the prose.
+    """
+    from IPython.display import Markdown, display
+
+    info = provenance()
+    if info["smoke"]:
+        display(Markdown(f":::{{warning}}\n{SMOKE_WARNING}\n:::"))
+    rows = [
+        ("Device", info["gpu"] or f"CPU only ({info['cpu']}), smoke mode"),
+        ("Driver / CUDA", f"{info['driver'] or '-'} / {info['cuda'] or '-'}"),
+        ("torch / transformers", f"{info['torch']} / {info['transformers'] or '-'}"),
+        ("Python", info["python"]),
+        ("Executed", info["date"]),
+    ]
+    table = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+    display(Markdown(table))
+    return info
+
+
+def artifact_dir(chapter: str) -> str:
+    """Folder where a chapter writes large artifacts (profiler traces).
+
+    The record command points GPUINFER_ARTIFACTS at a staging folder and keeps what lands
+    there beside the recording; otherwise (a CPU preview, a test) artifacts go to a scratch
+    folder under _build/ so that a build never dirties the git tree.
+    """
+    root = os.environ.get("GPUINFER_ARTIFACTS") or os.path.join(
+        tempfile.gettempdir(), "gpuinfer-artifacts"
+    )
+    path = os.path.join(root, chapter)
+    os.makedirs(path, exist_ok=True)
+    return path
