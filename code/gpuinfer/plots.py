@@ -6,8 +6,11 @@ dark mode, at a size that fits the page width, with a palette safe for colour bl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import matplotlib as mpl
 import matplotlib.pyplot as plt
+import numpy as np
 
 # Okabe-Ito: distinguishable with the common forms of colour blindness.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -46,4 +49,81 @@ def use_book_style() -> None:
         pass
 
 
-__all__ = ["PALETTE", "BOOK_STYLE", "use_book_style", "plt"]
+
+@dataclass(frozen=True)
+class Roof:
+    """A horizontal compute roof: `peak` FLOP/s; `measured` False for a datasheet value."""
+
+    label: str
+    peak: float
+    measured: bool
+
+
+@dataclass(frozen=True)
+class Point:
+    """A measured kernel: its intensity, achieved FLOP/s and attainable FLOP/s."""
+
+    label: str
+    intensity: float
+    achieved: float
+    attainable: float
+    group: str = ""
+
+    @property
+    def fraction(self) -> float:
+        return self.achieved / self.attainable
+
+
+def roofline_plot(points, roofs, *, bandwidth: float, bandwidth_datasheet: float | None = None,
+                  title: str = "Roofline", ax=None):
+    """Log-log roofline: a sloped bandwidth roof per bandwidth, a flat roof per compute peak
+    (measured solid, datasheet dashed), each point labelled with its % of attainable, and the
+    ridge point of the highest measured roof marked. Values in SI units; plotted in TFLOP/s.
+    """
+    ax = ax or plt.subplots(figsize=(8, 5.5))[1]
+    intensities = [p.intensity for p in points]
+    x_lo = min(intensities + [0.05]) / 2
+    x_hi = max(intensities + [2000]) * 2
+    xs = np.logspace(np.log10(x_lo), np.log10(x_hi), 400)
+    top = max(r.peak for r in roofs)
+    bandwidths = [(bandwidth, True)]
+    if bandwidth_datasheet:
+        bandwidths.append((bandwidth_datasheet, False))
+    for bw, measured in bandwidths:
+        ax.plot(xs, np.minimum(bw * xs, top) / 1e12, color="0.25",
+                ls="-" if measured else "--", lw=1.4 if measured else 1.0)
+        kind = "measured" if measured else "datasheet"
+        ax.annotate(f"{bw / 1e12:.2f} TB/s ({kind})", xy=(x_lo * 1.3, bw * x_lo * 1.3 / 1e12),
+                    rotation=0, fontsize=8, color="0.25", va="bottom")
+    for i, roof in enumerate(roofs):
+        color = PALETTE[i % len(PALETTE)]
+        ridge = roof.peak / bandwidth
+        ax.plot([ridge, x_hi], [roof.peak / 1e12] * 2, color=color,
+                ls="-" if roof.measured else "--", lw=1.6 if roof.measured else 1.0)
+        ax.annotate(f"{roof.label}: {roof.peak / 1e12:.3g} TFLOP/s", xy=(x_hi / 1.1, roof.peak / 1e12),
+                    ha="right", va="bottom", fontsize=8, color=color)
+    best = max((r for r in roofs if r.measured), key=lambda r: r.peak, default=None)
+    if best is not None:
+        ridge = best.peak / bandwidth
+        ax.axvline(ridge, color="0.5", lw=0.8, ls=":")
+        ax.annotate(f"ridge {ridge:.0f} FLOP/B", xy=(ridge, top / 1e12 / 30), rotation=90,
+                    ha="right", va="bottom", fontsize=8, color="0.4")
+    groups = sorted({p.group for p in points})
+    markers = dict(zip(groups, "osD^vP*X"))
+    for p in points:
+        ax.scatter(p.intensity, p.achieved / 1e12, marker=markers[p.group], s=28, zorder=3,
+                   color=PALETTE[groups.index(p.group) % len(PALETTE)],
+                   label=p.group if p.group else None)
+        ax.annotate(f"{p.label} ({100 * p.fraction:.0f}%)", xy=(p.intensity, p.achieved / 1e12),
+                    xytext=(4, -3), textcoords="offset points", fontsize=7, va="top")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    if unique:
+        ax.legend(unique.values(), unique.keys(), loc="lower right")
+    ax.set(xscale="log", yscale="log", xlim=(x_lo, x_hi),
+           ylim=(min(p.achieved for p in points) / 1e12 / 3, top / 1e12 * 2.5),
+           xlabel="arithmetic intensity (FLOP / byte)", ylabel="performance (TFLOP/s)", title=title)
+    return ax
+
+
+__all__ = ["PALETTE", "BOOK_STYLE", "use_book_style", "plt", "Roof", "Point", "roofline_plot"]

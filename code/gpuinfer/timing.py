@@ -73,7 +73,7 @@ def _quantile(values: Sequence[float], q: float) -> float:
 
 
 def _fmt_ms(ms: float) -> str:
-    return f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.3f} ms"
+    return f"{ms * 1e3:.1f} µs" if ms < 1 else f"{ms:.3f} ms"
 
 
 def benchmark(
@@ -123,3 +123,74 @@ def benchmark(
         call(warmup + i)
         times.append((time.perf_counter() - t0) * 1e3)
     return Timing(tuple(times), "host")
+
+
+def benchmark_graph(
+    fn: Callable,
+    *,
+    calls: int = 20,
+    inputs: Sequence[tuple] | None = None,
+    warmup: int = 3,
+    repeats: int = 20,
+) -> Timing:
+    """Time one call of a short kernel from back-to-back replays of a CUDA graph.
+
+    A kernel that runs for a few microseconds is shorter than the host's launch cost, so
+    timing it launch by launch measures the launches. Capturing `calls` calls (rotating over
+    `inputs`) into one CUDA graph and timing its replays puts the kernels back to back; the
+    result is the time per call. Without CUDA it falls back to `benchmark` (host clock).
+    """
+    if not torch.cuda.is_available():
+        return benchmark(fn, inputs=inputs, warmup=warmup, repeats=repeats)
+
+    def call(i: int):
+        return fn(*inputs[i % len(inputs)]) if inputs is not None else fn()
+
+    # Warm up on a side stream before capture (cuBLAS handles, lazy module loading).
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(calls):
+            call(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            call(i)
+    per_replay = benchmark(graph.replay, warmup=warmup, repeats=repeats)
+    return Timing(tuple(t / calls for t in per_replay.times_ms), "cuda-graph")
+
+
+def fresh_inputs(make: Callable[[], tuple], bytes_per_set: int, *, min_total_bytes: int = 2**28,
+                 max_sets: int = 1000) -> list[tuple]:
+    """Enough independent input sets that rotating over them touches `min_total_bytes`
+    (default 256 MiB, four times the 60 MB L2 of an H100/H200), so repeats read HBM."""
+    count = max(1, min(max_sets, -(-min_total_bytes // max(bytes_per_set, 1))))
+    return [make() for _ in range(count)]
+
+
+def profiled_kernel_ms(fn: Callable, *, repeats: int = 20, warmup: int = 3) -> list[float]:
+    """Durations (ms) of the device kernels `fn` launches, as torch.profiler records them.
+
+    The cross-check of `benchmark`: for a kernel long enough that launch gaps do not matter,
+    the CUDA-event time and the profiler's kernel time must agree. Without CUDA this returns
+    the durations of the top-level CPU operators instead (smoke mode).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    on_gpu = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    if on_gpu:
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        for _ in range(repeats):
+            fn()
+        if on_gpu:
+            torch.cuda.synchronize()
+    if on_gpu:
+        events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    else:
+        events = [e for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")]
+    return [e.time_range.elapsed_us() / 1e3 for e in events]

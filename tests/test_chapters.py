@@ -1,0 +1,53 @@
+"""Every chapter runs end to end on the CPU in smoke mode, with its self-checks passing.
+
+The chapters' `assert`s are their self-checks, so a successful execution *is* the test. In
+smoke mode a chapter must say so visibly: its outputs are not GPU results.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpuinfer.recordings import chapters
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = chapters(ROOT)
+
+
+def execute_smoke(path: Path, tmp_path: Path, monkeypatch):
+    import jupytext
+    import nbclient
+
+    monkeypatch.setenv("GPUINFER_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # smoke mode even on a GPU machine
+    nb = jupytext.read(path, fmt="md:myst")
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,
+                                     resources={"metadata": {"path": str(path.parent)}})
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as err:
+        pytest.fail(f"{path.name} failed in smoke mode:\n{err}", pytrace=False)
+    return nb
+
+
+def output_text(nb) -> str:
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            parts.append(out.get("text", ""))
+            parts.extend(str(v) for k, v in out.get("data", {}).items() if k.startswith("text/"))
+    return "\n".join(parts)
+
+
+def test_there_are_chapters():
+    assert "01_roofline" in CHAPTERS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", list(CHAPTERS))
+def test_chapter_runs_in_smoke_mode(chapter, tmp_path, monkeypatch):
+    nb = execute_smoke(CHAPTERS[chapter], tmp_path, monkeypatch)
+    text = output_text(nb)
+    assert "Smoke mode: no CUDA device" in text, "the smoke-mode warning must be visible"
+    assert not list(CHAPTERS[chapter].parent.glob("*.ipynb")), "chapter wrote into book/"
