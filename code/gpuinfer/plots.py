@@ -100,8 +100,8 @@ def roofline_plot(points, roofs, *, bandwidth: float, bandwidth_datasheet: float
         ridge = roof.peak / bandwidth
         ax.plot([ridge, x_hi], [roof.peak / 1e12] * 2, color=color,
                 ls="-" if roof.measured else "--", lw=1.6 if roof.measured else 1.0)
-        ax.annotate(f"{roof.label}: {roof.peak / 1e12:.3g} TFLOP/s", xy=(x_hi / 1.1, roof.peak / 1e12),
-                    ha="right", va="bottom", fontsize=8, color=color)
+        ax.annotate(f"{roof.label}: {roof.peak / 1e12:.3g} TFLOP/s", xy=(ridge * 1.15, roof.peak / 1e12),
+                    ha="left", va="bottom", fontsize=8, color=color)
     best = max((r for r in roofs if r.measured), key=lambda r: r.peak, default=None)
     if best is not None:
         ridge = best.peak / bandwidth
