@@ -1,0 +1,191 @@
+"""Build the book from its GPU recordings: a Sphinx extension (listed in _config.yml).
+
+myst-nb runs in `cache` mode: it looks each chapter up in its jupyter-cache (in _build/) by a
+hash of the chapter's code cells, and executes the chapter only when it is not there. At the
+start of a build, this extension puts every chapter whose recording is fresh (see
+gpuinfer.recordings) into that cache, as myst-nb would have stored it after executing it: the
+chapter read by myst-nb's own reader, with the outputs of the recording's code cells. So a
+build with fresh recordings executes nothing. A chapter without a valid recording (stale,
+missing, corrupt, a CPU smoke run) is left to myst-nb, which executes it on this machine's
+CPU as a preview (and caches that execution); the build warns, naming the command that
+re-records it.
+
+Under the title of each chapter page goes the recording's provenance, with download links
+(or, for a preview, a banner saying that its outputs are not GPU results). The recording
+and the package modules a chapter imports are Sphinx dependencies of its page, so an
+incremental build picks up a re-recording or a change of the package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sphinx.util import logging
+
+from gpuinfer import recordings
+
+logger = logging.getLogger(__name__)
+SEED_KEY = "gpuinfer_recording"  # cache record data: sha256 of the recording it came from
+
+
+def myst_nb_notebook(app, path: Path):
+    """The chapter as myst-nb reads it when it parses the page (myst_nb.sphinx_.Parser):
+    same reader, same configuration, same kernel alias, hence the same cache key."""
+    from myst_nb.core.read import create_nb_reader
+
+    text = path.read_text(encoding="utf8")
+    reader = create_nb_reader(str(path), app.env.myst_config, app.env.mystnb_config, text)
+    nb = reader.read(text)
+    kernel = nb.metadata.get("kernelspec", {}).get("name")
+    for pattern, alias in app.env.mystnb_config.kernel_rgx_aliases.items():
+        if kernel is not None and re.fullmatch(pattern, kernel):
+            nb.metadata["kernelspec"]["name"] = alias
+            break
+    return nb
+
+
+def seed(app, cache, status: recordings.Status, path: Path) -> None:
+    """Cache the chapter with the recording's outputs, unless this recording is cached."""
+    import nbformat
+    from jupyter_cache.base import CacheBundleIn
+
+    nb = myst_nb_notebook(app, path)
+    data = status.recording.read_bytes()
+    recorded = nbformat.reads(data.decode("utf8"), as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    recorded_cells = [c for c in recorded.cells if c.cell_type == "code"]
+    if [c.source for c in cells] != [c.source for c in recorded_cells]:
+        raise ValueError("its code cells differ from the chapter's")
+    for cell, rec in zip(cells, recorded_cells):
+        cell.outputs, cell.execution_count = rec.outputs, rec.execution_count
+    if "language_info" in recorded.metadata:  # the lexer of the code cells
+        nb.metadata["language_info"] = recorded.metadata["language_info"]
+
+    digest = hashlib.sha256(data).hexdigest()
+    try:
+        if (cache.match_cache_notebook(nb).data or {}).get(SEED_KEY) == digest:
+            return  # seeded by an earlier build
+    except KeyError:
+        pass
+    runtime = status.provenance.get("seconds")
+    cache.cache_notebook_bundle(
+        CacheBundleIn(nb, str(path), data={SEED_KEY: digest, "execution_seconds": runtime}),
+        check_validity=False, overwrite=True)
+
+
+def uncache(app, cache, status: recordings.Status, path: Path) -> None:
+    """Drop the chapter's cache entry unless it is a CPU execution of the current code, so
+    that myst-nb executes it (a CPU preview, which it caches for the next builds). Dropped:
+    a seed from a recording, and an execution older than a module the chapter imports."""
+    try:
+        record = cache.match_cache_notebook(myst_nb_notebook(app, path))
+    except KeyError:
+        return
+    newest = max(((recordings.PACKAGE_DIR / m).stat().st_mtime for m in status.modules),
+                 default=0.0)
+    created = record.created  # UTC; SQLite may hand it back without the time zone
+    created = created if created.tzinfo else created.replace(tzinfo=timezone.utc)
+    if SEED_KEY in (record.data or {}) or created < datetime.fromtimestamp(newest, timezone.utc):
+        cache.remove_cache(record.pk)
+
+
+def seed_cache(app) -> None:
+    """builder-inited (after myst-nb's): seed the cache from every fresh recording."""
+    from jupyter_cache import get_cache
+
+    root = Path(app.srcdir)
+    if not (root / "_toc.yml").is_file():  # a single page built on its own: no chapters
+        return
+    cache = get_cache(app.env.mystnb_config.execution_cache_path)
+    app.gpuinfer_status = {}  # docname -> Status, for the page boxes
+    for chapter, path in recordings.chapters(root).items():
+        status = recordings.status(
+            root, chapter, accept_cpu=app.config.gpuinfer_accept_cpu_recordings)
+        if status.fresh:
+            try:
+                seed(app, cache, status, path)
+            except Exception as exc:  # anything unreadable in it: report, never crash
+                shown = status.recording.relative_to(root).as_posix()
+                status = recordings.Status(
+                    chapter, "corrupt", f"the recording {shown} is unusable ({exc})",
+                    status.recording, {}, status.modules)
+        if not status.fresh:
+            uncache(app, cache, status, path)
+            # no location=docname: Sphinx does not know a new page's file name yet
+            logger.warning(f"{path.relative_to(root).as_posix()}: {status.message} Its page "
+                           "is executed on this machine's CPU as a preview.",
+                           type="gpuinfer", subtype="recording")
+        app.gpuinfer_status[app.env.path2doc(str(path))] = status
+
+
+def _link(label: str, target: Path, page_dir: Path) -> str:
+    return f"{{download}}`{label} <{target.relative_to(page_dir).as_posix()}>`"
+
+
+def box(status: recordings.Status, page_dir: Path) -> str:
+    """The MyST block shown under the chapter title."""
+    if not status.fresh:
+        return ("```{admonition} CPU preview: these outputs are not GPU results\n"
+                ":class: danger\n\n"
+                f"This chapter has no valid GPU recording: {status.reason}. So this page "
+                "was executed on the CPU of the machine that built it, and its numbers and "
+                f"figures say nothing about a GPU. Re-record it with "
+                f"{recordings.record_command(status.chapter)}.\n```\n")
+    meta = status.provenance
+    artifacts_dir = status.recording.with_suffix("")
+    artifacts = sorted(f for f in artifacts_dir.rglob("*") if f.is_file()) \
+        if artifacts_dir.is_dir() else []
+    downloads = [_link("executed notebook", status.recording, page_dir)]
+    downloads += [_link(f.relative_to(artifacts_dir).as_posix(), f, page_dir) for f in artifacts]
+    if meta.get("smoke"):
+        title, kind = "CPU smoke recording: these outputs are not GPU results", "warning"
+        device = f"none, CPU only ({meta.get('cpu', '?')})"
+    else:
+        title, kind = f"Recorded on an {meta.get('gpu')}", "note"
+        device = f"{meta.get('gpu')}, driver {meta.get('driver')}, CUDA {meta.get('cuda')}"
+    return (f"```{{admonition}} {title}\n:class: {kind}\n\n"
+            f"- **GPU:** {device}\n"
+            f"- **Software:** torch {meta.get('torch')}, transformers "
+            f"{meta.get('transformers')}, Python {meta.get('python')}\n"
+            f"- **Recorded:** {meta.get('date')}, the chapter ran in {meta.get('seconds')} s\n"
+            f"- **Download:** {', '.join(downloads)}\n```\n")
+
+
+def insert_after_title(text: str, block: str) -> str:
+    """Insert a markdown block after the first `# ` heading (after the front matter)."""
+    lines = text.splitlines(keepends=True)
+    start, fence = 0, None
+    if lines and lines[0].startswith("---"):
+        start = next((i + 1 for i in range(1, len(lines)) if lines[i].startswith("---")), 0)
+    at = start
+    for i in range(start, len(lines)):
+        stripped = lines[i].lstrip()
+        marker = stripped[:3]
+        if marker in ("```", "~~~"):
+            fence = None if fence == marker else fence or marker
+        elif fence is None and re.match(r"#\s", lines[i]):
+            at = i + 1
+            break
+    return "".join(lines[:at]) + "\n" + block + "\n" + "".join(lines[at:])
+
+
+def add_box(app, docname: str, source: list[str]) -> None:
+    """source-read: note the page's dependencies and put the box under its title."""
+    status = getattr(app, "gpuinfer_status", {}).get(docname)
+    if status is None:
+        return
+    app.env.note_dependency(str(status.recording))  # a missing file: re-read every build
+    for module in status.modules:
+        app.env.note_dependency(str(recordings.PACKAGE_DIR / module))
+    page_dir = Path(app.env.doc2path(docname)).parent
+    source[0] = insert_after_title(source[0], box(status, page_dir))
+
+
+def setup(app):
+    app.add_config_value("gpuinfer_accept_cpu_recordings", False, "env")  # tests only
+    app.connect("builder-inited", seed_cache, priority=600)  # after myst-nb's (500)
+    app.connect("source-read", add_box)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,160 @@
+"""Building the site from the GPU recordings, on a machine without a GPU.
+
+- the real book: with every recording fresh, `jupyter-book build` executes no cell, warns
+  about nothing, renders every TOC page with its figures, leaves `git status` unchanged,
+  and takes at most BUILD_TARGET_S seconds;
+- the mechanism, on the fixture book recorded with --allow-cpu (accepted there through
+  `gpuinfer_accept_cpu_recordings`): fresh chapters come from the recordings, a stale or a
+  corrupt one is executed on the CPU with a banner and a warning naming the re-record
+  command, and an incremental build picks up a re-recording.
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuinfer import record, recordings
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = Path(__file__).parent / "fixtures" / "book"
+BUILD_TARGET_S = 60  # from a clean _build, on the 2-core CPU machine
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def build(root: Path, out: Path | None = None) -> tuple[str, float]:
+    """jupyter-book build; returns its log (stdout + stderr) and its wall time."""
+    cmd = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
+           "build", str(root)] + (["--path-output", str(out)] if out else [])
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=out or root, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    log = ANSI.sub("", proc.stdout + proc.stderr)
+    assert proc.returncode == 0, f"the build failed:\n{log[-5000:]}"
+    return log, seconds
+
+
+def executed(log: str) -> list[str]:
+    """The notebooks myst-nb executed (rather than took from its cache)."""
+    return re.findall(r"(\S+): Executing notebook", log)
+
+
+def sphinx_warnings(log: str) -> list[str]:
+    return [line for line in log.splitlines()
+            if "WARNING:" in line and not line.startswith("[IPKernelApp]")]
+
+
+def page(html: Path, docname: str) -> str:
+    path = html / f"{docname}.html"
+    assert path.is_file(), f"no page {path}"
+    return path.read_text(encoding="utf8")
+
+
+def images(html: Path, docname: str) -> list[Path]:
+    """The images a page shows; each must exist in the built site."""
+    srcs = re.findall(r'<img [^>]*src="([^"]+)"', page(html, docname))
+    paths = [(html / docname).parent / src for src in srcs if not src.startswith("data:")]
+    missing = [p for p in paths if not p.is_file()]
+    assert not missing, f"{docname}: missing images {missing}"
+    return paths
+
+
+def has_png(recording: Path) -> bool:
+    return '"image/png"' in recording.read_text(encoding="utf8")
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+# --- the real book ------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_book_builds_from_the_recordings_without_executing(tmp_path):
+    statuses = [recordings.status(ROOT, c) for c in recordings.chapters(ROOT)]
+    stale = [st.message for st in statuses if not st.fresh]
+    if stale:
+        pytest.fail("not every chapter has a fresh GPU recording, so the build would execute "
+                    "chapters on the CPU:\n" + "\n".join(stale), pytrace=False)
+    in_git = shutil.which("git") and (ROOT / ".git").exists()
+    before = git(ROOT, "status", "--porcelain") if in_git else None
+
+    log, seconds = build(ROOT, tmp_path)
+    print(f"\njupyter-book build from a clean _build: {seconds:.1f} s "
+          f"(target {BUILD_TARGET_S} s)")
+
+    assert executed(log) == [], "the build executed notebooks"
+    assert log.count("Using cached notebook") == len(statuses)
+    assert sphinx_warnings(log) == []
+    html = tmp_path / "_build" / "html"
+    for docname in recordings.toc_files(ROOT):
+        page(html, docname)
+    for st in statuses:
+        docname = st.recording.parent.parent.relative_to(ROOT).as_posix() + "/" + st.chapter
+        assert f"Recorded on an {st.provenance['gpu']}" in page(html, docname)
+        if has_png(st.recording):
+            assert images(html, docname), f"{docname}: recorded figures are not on the page"
+    if in_git:
+        assert git(ROOT, "status", "--porcelain") == before, "the build changed the git tree"
+    assert seconds <= BUILD_TARGET_S, f"the build took {seconds:.0f} s"
+
+
+# --- the mechanism, on the fixture book ----------------------------------------------------
+
+def commit_all(root: Path) -> None:
+    git(root, "add", "-A")
+    git(root, "-c", "user.name=test", "-c", "user.email=test@example.com",
+        "commit", "-q", "-m", "state")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_fixture_builds_from_recordings_and_previews_the_rest(tmp_path):
+    root = Path(shutil.copytree(FIXTURE, tmp_path / "book",
+                                ignore=shutil.ignore_patterns("_build", "_recorded")))
+    html = root / "_build" / "html"
+    (root / ".gitignore").write_text("_build/\n")
+    assert record.main(["--root", str(root), "--allow-cpu"]) == 0
+    ch_b = root / "book" / "ch_b.md"
+    ch_b.write_text(ch_b.read_text().replace('print("gpuinfer"', 'print("gpuinfer version"'))
+    git(root, "init", "-q")
+    commit_all(root)
+
+    # 1. from a clean _build: ch_a from its recording, the stale ch_b executed as a preview
+    log, _ = build(root)
+    assert executed(log) == [str(ch_b)]
+    assert "book/ch_a.md: Using cached notebook" in log
+    [warning] = sphinx_warnings(log)
+    assert "chapter ch_b" in warning and "python -m gpuinfer.record ch_b" in warning
+    a = page(html, "book/ch_a")
+    assert "CPU smoke recording: these outputs are not GPU results" in a  # the provenance box
+    assert "ch_a.ipynb" in a and "trace.json.gz" in a  # download links
+    assert "The answer is 45" in re.sub(r"<[^>]+>", "", a)  # a glued number
+    assert len(images(html, "book/ch_a")) == 1  # the recorded figure
+    assert "CPU preview: these outputs are not GPU results" in page(html, "book/ch_b")
+    assert git(root, "status", "--porcelain") == ""
+
+    # 2. ch_b re-recorded: an incremental build re-reads it and executes nothing
+    assert record.main(["--root", str(root), "--allow-cpu", "ch_b"]) == 0
+    commit_all(root)
+    log, _ = build(root)
+    assert executed(log) == [] and "book/ch_b.md: Using cached notebook" in log
+    assert sphinx_warnings(log) == [] and "build succeeded." in log
+    assert "CPU preview" not in page(html, "book/ch_b")
+    assert git(root, "status", "--porcelain") == ""
+
+    # 3. a corrupt recording: reported by file name, executed as a preview, no traceback
+    (root / "book" / "_recorded" / "ch_a.ipynb").write_text('{"cells": [')
+    commit_all(root)
+    log, _ = build(root)
+    assert executed(log) == [str(root / "book" / "ch_a.md")]
+    [warning] = sphinx_warnings(log)
+    assert "book/_recorded/ch_a.ipynb is unreadable" in warning
+    assert "Traceback" not in log
+    assert "CPU preview: these outputs are not GPU results" in page(html, "book/ch_a")
+    assert git(root, "status", "--porcelain") == ""

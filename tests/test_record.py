@@ -1,0 +1,210 @@
+"""The record command (`python -m gpuinfer.record`) and the recording status, on a fixture book.
+
+tests/fixtures/book has two tiny chapters: ch_a (a figure, a glued number, a JSON artifact)
+and ch_b (one cell). On this CPU machine they are recorded with --allow-cpu, as smoke
+recordings, into a copy of the fixture under tmp_path; the real book is never touched.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpuinfer import record, recordings
+
+FIXTURE = Path(__file__).parent / "fixtures" / "book"
+FAILING_CELL = "\n```{code-cell} ipython3\nratio = 1 / 0\n```\n"
+
+
+def copy_book(dest: Path) -> Path:
+    shutil.copytree(FIXTURE, dest, ignore=shutil.ignore_patterns("_build", "_recorded"))
+    return dest
+
+
+def chapter_file(root: Path, chapter: str) -> Path:
+    return root / "book" / f"{chapter}.md"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """The fixture book with both chapters recorded on the CPU (--allow-cpu)."""
+    root = copy_book(tmp_path_factory.mktemp("recorded") / "book")
+    assert record.main(["--root", str(root), "--allow-cpu"]) == 0
+    return root
+
+
+@pytest.fixture
+def book(recorded, tmp_path):
+    """A private copy of the recorded fixture book, for a test to change."""
+    return Path(shutil.copytree(recorded, tmp_path / "book"))
+
+
+# --- bad input: exit code 2 and a message that names the fix (no kernel is started) -------
+
+def test_unknown_chapter_lists_the_valid_ones(capsys):
+    assert record.main(["--root", str(FIXTURE), "--allow-cpu", "no_such_chapter"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown chapter 'no_such_chapter'" in err and "ch_a, ch_b" in err
+
+
+def test_no_cuda_is_refused_without_the_flag(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert record.main(["--root", str(FIXTURE), "ch_b"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA device" in err and "--allow-cpu" in err
+
+
+def test_missing_dependency_says_how_to_install(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nbclient", None)  # makes `import nbclient` fail
+    assert record.main(["--root", str(FIXTURE), "--allow-cpu", "ch_b"]) == 2
+    err = capsys.readouterr().err
+    assert "nbclient" in err and "pip install -r requirements.txt" in err
+
+
+def test_chapter_names_resolve_by_stem_path_or_prefix():
+    chosen = record.select_chapters(FIXTURE, ["book/ch_a.md", "ch_b"])
+    assert list(chosen) == ["ch_a", "ch_b"]
+    with pytest.raises(record.UsageError, match="ch_a, ch_b"):
+        record.select_chapters(FIXTURE, ["ch"])  # ambiguous prefix
+
+
+# --- what a chapter's recording depends on -------------------------------------------------
+
+def test_package_modules_are_followed_through_imports(tmp_path):
+    pkg = tmp_path / "gpuinfer"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("def f():\n    from .c import g\n")
+    (pkg / "c.py").write_text("import os\n")
+    (pkg / "unused.py").write_text("")
+    code = ["%matplotlib inline\nimport gpuinfer.a as a", "from gpuinfer import c"]
+    assert recordings.imported_modules(code, pkg) == ["__init__.py", "a.py", "b.py", "c.py"]
+    assert recordings.imported_modules(["import numpy"], pkg) == ["__init__.py"]
+
+
+def test_status_of_a_missing_and_a_corrupt_recording(tmp_path):
+    root = copy_book(tmp_path / "book")
+    st = recordings.status(root, "ch_b")
+    assert st.state == "missing" and "book/_recorded/ch_b.ipynb" in st.message
+    st.recording.parent.mkdir()
+    st.recording.write_text("{ not json")
+    st = recordings.status(root, "ch_b")
+    assert st.state == "corrupt" and "book/_recorded/ch_b.ipynb is unreadable" in st.message
+    st.recording.write_text(json.dumps({"cells": [], "metadata": {}}))
+    assert recordings.status(root, "ch_b").state == "corrupt"
+
+
+# --- recording on the CPU: labelled smoke, rejected ----------------------------------------
+
+@pytest.mark.slow
+def test_cpu_recording_is_labelled_smoke_and_rejected(recorded):
+    meta = recordings.read_provenance(recorded / "book" / "_recorded" / "ch_a.ipynb")
+    assert meta["smoke"] is True and meta["gpu"] is None
+    assert meta["modules"].keys() == {"__init__.py", "env.py", "plots.py"}
+    st = recordings.status(recorded, "ch_a")
+    assert st.state == "cpu" and "CPU smoke recording" in st.message
+    assert "python -m gpuinfer.record ch_a" in st.message
+    assert recordings.status(recorded, "ch_a", accept_cpu=True).fresh
+    # the JSON trace the chapter wrote is kept beside the recording, gzipped
+    assert (recorded / "book" / "_recorded" / "ch_a" / "trace.json.gz").is_file()
+    nb = json.loads((recorded / "book" / "_recorded" / "ch_a.ipynb").read_text())
+    assert any("image/png" in out.get("data", {}) for c in nb["cells"]
+               for out in c.get("outputs", []))
+
+
+@pytest.mark.slow
+def test_prose_edits_keep_a_recording_and_code_or_package_edits_stale_it(book, tmp_path):
+    path = chapter_file(book, "ch_b")
+    path.write_text(path.read_text() + "\nMore prose.\n")
+    assert recordings.status(book, "ch_b", accept_cpu=True).fresh
+    path.write_text(path.read_text().replace('print("gpuinfer"', 'print("gpuinfer version"'))
+    st = recordings.status(book, "ch_b", accept_cpu=True)
+    assert st.state == "stale" and "code cells changed" in st.message
+
+    pkg = Path(shutil.copytree(recordings.PACKAGE_DIR, tmp_path / "gpuinfer"))
+    (pkg / "timing.py").write_text("# not imported by ch_a\n")
+    assert recordings.status(book, "ch_a", accept_cpu=True, package_dir=pkg).fresh
+    (pkg / "plots.py").write_text((pkg / "plots.py").read_text() + "\n# changed\n")
+    st = recordings.status(book, "ch_a", accept_cpu=True, package_dir=pkg)
+    assert st.state == "stale" and "gpuinfer/plots.py" in st.message
+
+
+# --- nothing is lost ---------------------------------------------------------------------
+
+def no_scratch_files(root: Path) -> bool:
+    return not list((root / "book" / "_recorded").glob(".*.tmp"))
+
+
+@pytest.mark.slow
+def test_failing_cell_keeps_the_previous_recording(book, capsys):
+    rec = book / "book" / "_recorded" / "ch_b.ipynb"
+    before = rec.read_bytes()
+    path = chapter_file(book, "ch_b")
+    path.write_text(path.read_text() + FAILING_CELL)
+    assert record.main(["--root", str(book), "--allow-cpu", "ch_b"]) == 1
+    out = capsys.readouterr().out
+    assert "ratio = 1 / 0" in out and "ZeroDivisionError" in out  # the cell, its traceback
+    assert "failed: ZeroDivisionError" in out  # the summary
+    assert rec.read_bytes() == before
+    assert no_scratch_files(book)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["interrupt", "kill"])
+def test_interrupt_or_kill_keeps_the_previous_recording(book, tmp_path, sig):
+    rec = book / "book" / "_recorded" / "ch_b.ipynb"
+    before = rec.read_bytes()
+    path = chapter_file(book, "ch_b")
+    pid_file = tmp_path / "kernel.pid"
+    path.write_text(path.read_text() + (
+        "\n```{code-cell} ipython3\nimport os, pathlib, time\n"
+        "pathlib.Path(os.environ['KERNEL_PID_FILE']).write_text(str(os.getpid()))\n"
+        "time.sleep(120)\n```\n"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuinfer.record", "--root", str(book), "--allow-cpu", "ch_b"],
+        env={**os.environ, "KERNEL_PID_FILE": str(pid_file)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() or not pid_file.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if pid_file.exists() and pid_file.read_text():  # a killed command leaves its kernel
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and "Interrupted" in out
+    assert rec.read_bytes() == before
+    assert no_scratch_files(book)
+
+
+# --- on the GPU ----------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_recording_on_the_gpu_is_fresh_with_its_provenance(tmp_path):
+    root = copy_book(tmp_path / "book")
+    assert record.main(["--root", str(root)]) == 0  # no --allow-cpu
+    st = recordings.status(root, "ch_a")
+    assert st.fresh, st.message
+    meta = st.provenance
+    assert meta["smoke"] is False and meta["gpu"] == torch.cuda.get_device_name()
+    assert meta["driver"] and meta["cuda"] == torch.version.cuda
+    print(f"recorded the fixture on {meta['gpu']} (driver {meta['driver']}, CUDA "
+          f"{meta['cuda']}, torch {meta['torch']}) in {meta['seconds']} s")
