@@ -125,6 +125,29 @@ def benchmark(
     return Timing(tuple(times), "host")
 
 
+def capture_graph(fn: Callable[[], object], *,
+                  warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, object]:
+    """Record the kernels `fn()` launches into a CUDA graph; return it and fn's outputs.
+
+    The warm-up runs on a side stream, as the CUDA-graph docs prescribe: it triggers the
+    one-time work (cuBLAS handles and workspaces, lazy module loading, the caching
+    allocator's first blocks) that must not happen during capture. Capture then records the
+    kernels without running them. The returned outputs are static tensors: every
+    `graph.replay()` rewrites them in place, reading whatever `fn`'s inputs hold by then.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn()
+    torch.cuda.synchronize()
+    return graph, outputs
+
+
 def benchmark_graph(
     fn: Callable,
     *,
@@ -143,20 +166,11 @@ def benchmark_graph(
     if not torch.cuda.is_available():
         return benchmark(fn, inputs=inputs, warmup=warmup, repeats=repeats)
 
-    def call(i: int):
-        return fn(*inputs[i % len(inputs)]) if inputs is not None else fn()
+    def calls_in_a_row():
+        for i in range(calls):
+            fn(*inputs[i % len(inputs)]) if inputs is not None else fn()
 
-    # Warm up on a side stream before capture (cuBLAS handles, lazy module loading).
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(calls):
-            call(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            call(i)
+    graph, _ = capture_graph(calls_in_a_row, warmup=1)
     per_replay = benchmark(graph.replay, warmup=warmup, repeats=repeats)
     return Timing(tuple(t / calls for t in per_replay.times_ms), "cuda-graph")
 

@@ -1,0 +1,303 @@
+"""Greedy decode loops, from naive to lean: the variants Chapter 2 measures.
+
+Every variant has the same signature, `fn(model, prompt_ids, new_tokens)`, and returns the
+generated token ids (not the prompt) as an int64 CPU tensor of shape (batch, new_tokens). All
+of them pick the next token by greedy argmax and ignore EOS, so every variant does the same
+work and, in FP32, must produce exactly the same tokens.
+
+- `decode_naive` (V0): no KV cache; the whole sequence is recomputed every step, and each
+  token is read back to the host (`.item()`) for a Python-side stop check.
+- `decode_kv_cache` (V1): the `transformers` KV cache (`DynamicCache`): one new token per step.
+- `decode_no_sync` (V2): V1 without per-step host syncs: the next token stays on the device,
+  tokens go to a preallocated device buffer, and the host reads them once at the end.
+- `decode_static_cache`: V2 with a preallocated `StaticCache` (fixed shapes: Chapter 3's
+  starting point for CUDA graphs).
+- `decode_lean`: the same model's layers called directly, without the per-call bookkeeping of
+  `LlamaForCausalLM.forward` (mask construction, rotary recomputation, output objects), with a
+  preallocated KV buffer and a precomputed rotary table.
+- V3, the precision ablation, is the fastest of these run on `bf16_copy(model)`.
+
+Each loop iterates over `_steps(...)`, which marks every decode step for the profiler
+(`record_function("decode_step")`, only while a profiler is running) and for `step_clock`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+from typing import Callable
+
+import torch
+from transformers import DynamicCache, StaticCache
+
+from gpuinfer.timing import Timing, benchmark
+
+DecodeFn = Callable[[torch.nn.Module, torch.Tensor, int], torch.Tensor]
+
+# --------------------------------------------------------------------------------------------
+# Step markers: profiler annotations and per-step timestamps
+# --------------------------------------------------------------------------------------------
+
+_step_marks: list | None = None  # set by step_clock(): one timestamp per step boundary
+
+
+def _timestamp():
+    """A CUDA event recorded on the current stream (no sync), or the host clock on the CPU."""
+    if torch.cuda.is_available():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+@contextlib.contextmanager
+def _annotate(name: str):
+    """A named range in the profiler trace, only while a profiler is recording."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(name):
+            yield
+    else:
+        yield
+
+
+def _steps(indices: range, name: str = "decode_step"):
+    """Iterate over decode steps, marking each one for the profiler and for step_clock."""
+    for i in indices:
+        if _step_marks is not None:
+            _step_marks.append(_timestamp())
+        with _annotate(name):
+            yield i
+    if _step_marks is not None:
+        _step_marks.append(_timestamp())
+
+
+class StepTimes:
+    """Timestamps of the step boundaries of the decode loops run inside `step_clock()`."""
+
+    def __init__(self):
+        self.marks: list = []
+
+    def times_ms(self) -> list[float]:
+        """Duration of every decode step, in ms (CUDA events: GPU timeline; else host clock)."""
+        if len(self.marks) < 2:
+            return []
+        if isinstance(self.marks[0], float):
+            return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
+        torch.cuda.synchronize()
+        return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+
+
+@contextlib.contextmanager
+def step_clock():
+    """Record a timestamp at every decode-step boundary of the one decode call run inside.
+
+    On the GPU the timestamps are CUDA events: recording one does not synchronize, so the
+    loop runs as it would without the clock (one extra `cudaEventRecord` per step).
+    """
+    global _step_marks
+    clock = StepTimes()
+    _step_marks = clock.marks
+    try:
+        yield clock
+    finally:
+        _step_marks = None
+
+
+# --------------------------------------------------------------------------------------------
+# The variants
+# --------------------------------------------------------------------------------------------
+
+
+def _cache_kwarg(module: torch.nn.Module) -> str:
+    """The KV-cache argument's name: `cache` in newer transformers (5.24), else `past_key_values`.
+
+    The old name still works in 5.24 but logs a deprecation warning."""
+    params = inspect.signature(module.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _empty_result(prompt_ids: torch.Tensor) -> torch.Tensor:
+    return torch.empty((prompt_ids.shape[0], 0), dtype=torch.int64)
+
+
+@torch.no_grad()
+def decode_naive(model, prompt_ids: torch.Tensor, new_tokens: int, eos_token_id=None):
+    """V0: no KV cache, the whole sequence recomputed every step, one host sync per step."""
+    if new_tokens == 0:
+        return _empty_result(prompt_ids)
+    ids = prompt_ids
+    generated: list[list[int]] = []
+    for _ in _steps(range(new_tokens)):
+        logits = model(input_ids=ids).logits  # logits for every position, every step
+        next_id = logits[:, -1, :].argmax(dim=-1)  # (batch,)
+        tokens = [t.item() for t in next_id]  # host sync: copy to the host, wait for the GPU
+        generated.append(tokens)
+        # The Python-side stop check that needs those values (EOS is ignored by default, so
+        # that every variant generates the same number of tokens).
+        if eos_token_id is not None and all(t == eos_token_id for t in tokens):
+            break
+        ids = torch.cat([ids, next_id[:, None]], dim=1)
+    return torch.tensor(generated, dtype=torch.int64).T.contiguous()
+
+
+@torch.no_grad()
+def decode_kv_cache(model, prompt_ids: torch.Tensor, new_tokens: int, eos_token_id=None):
+    """V1: a DynamicCache keeps every layer's keys and values; each step feeds one token."""
+    if new_tokens == 0:
+        return _empty_result(prompt_ids)
+    cache = {_cache_kwarg(model): DynamicCache()}
+    with _annotate("prefill"):
+        logits = model(input_ids=prompt_ids, use_cache=True, **cache).logits
+    next_id = logits[:, -1, :].argmax(dim=-1)
+    generated = [[t.item() for t in next_id]]
+    for _ in _steps(range(1, new_tokens)):
+        logits = model(input_ids=next_id[:, None], use_cache=True, **cache).logits
+        next_id = logits[:, -1, :].argmax(dim=-1)
+        tokens = [t.item() for t in next_id]  # the same per-step host sync as V0
+        generated.append(tokens)
+        if eos_token_id is not None and all(t == eos_token_id for t in tokens):
+            break
+    return torch.tensor(generated, dtype=torch.int64).T.contiguous()
+
+
+def _decode_on_device(model, prompt_ids: torch.Tensor, new_tokens: int, cache) -> torch.Tensor:
+    """The sync-free loop shared by V2 and the static-cache variant."""
+    batch = prompt_ids.shape[0]
+    out = torch.empty((batch, new_tokens), dtype=torch.int64, device=prompt_ids.device)
+    if new_tokens == 0:
+        return out.cpu()
+    cache = {_cache_kwarg(model): cache}
+    with _annotate("prefill"):
+        logits = model(input_ids=prompt_ids, use_cache=True, **cache).logits
+    next_id = logits[:, -1:, :].argmax(dim=-1)  # (batch, 1): stays on the device
+    out[:, 0:1] = next_id
+    for i in _steps(range(1, new_tokens)):
+        logits = model(input_ids=next_id, use_cache=True, **cache).logits
+        next_id = logits[:, -1:, :].argmax(dim=-1)
+        out[:, i : i + 1] = next_id  # a device-to-device copy: the host never waits
+    return out.cpu()  # the one host sync of the whole generation
+
+
+@torch.no_grad()
+def decode_no_sync(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """V2: V1 without per-step syncs; tokens collect on the device and are read once."""
+    return _decode_on_device(model, prompt_ids, new_tokens, DynamicCache())
+
+
+@torch.no_grad()
+def decode_static_cache(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """V2 with a StaticCache: KV buffers of the final length, allocated once, updated in place."""
+    max_len = prompt_ids.shape[1] + new_tokens
+    cache = StaticCache(config=model.config, max_cache_len=max_len)
+    return _decode_on_device(model, prompt_ids, new_tokens, cache)
+
+
+class PreallocatedKV:
+    """A KV cache of fixed capacity that the Llama attention layers write into in place.
+
+    It implements the one method the attention layers call, `update`: the new keys and values
+    are copied into buffers allocated once for the whole generation, and the layer gets back
+    views of the filled part. Unlike `DynamicCache` (a `torch.cat` per layer and step, which
+    allocates and copies the whole cache again) nothing is allocated per step, and unlike
+    `StaticCache` no attention mask over the empty tail is needed.
+    """
+
+    def __init__(self, num_layers: int, batch: int, heads: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        shape = (batch, heads, capacity, head_dim)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.length = 0  # tokens stored before the current step; the loop advances it
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        end = self.length + key_states.shape[2]
+        self.keys[layer_idx][:, :, self.length : end] = key_states
+        self.values[layer_idx][:, :, self.length : end] = value_states
+        return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+
+
+def _rotary_table(model, length: int, device, dtype):
+    """cos and sin of every position, computed once by the model's own rotary module."""
+    positions = torch.arange(length, device=device)[None, :]
+    probe = torch.empty((1, length, 1), device=device, dtype=dtype)
+    return model.model.rotary_emb(probe, position_ids=positions)  # each (1, length, head_dim)
+
+
+def decode_lean(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """The model's own layers called directly: no per-step masks, rotary, or allocations.
+
+    The arithmetic is that of `LlamaForCausalLM.forward` op for op (the same modules with the
+    same inputs), so the tokens are the same; what goes is the Python around it. Inference
+    mode also skips autograd's per-op bookkeeping (version counters, view tracking).
+    """
+    with torch.inference_mode():
+        out = _decode_lean(model, prompt_ids, new_tokens)
+    return out.clone()  # a normal tensor: inference-mode tensors are awkward outside it
+
+
+def _decode_lean(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    batch, prompt_len = prompt_ids.shape
+    out = torch.empty((batch, new_tokens), dtype=torch.int64, device=prompt_ids.device)
+    if new_tokens == 0:
+        return out.cpu()
+    llama, config = model.model, model.config
+    if config._attn_implementation != "sdpa":  # the prompt's causal mask comes from SDPA's flag
+        raise ValueError(f"decode_lean needs SDPA attention, not {config._attn_implementation!r}")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    capacity = prompt_len + new_tokens
+    dtype = model.lm_head.weight.dtype
+    kv = PreallocatedKV(config.num_hidden_layers, batch, config.num_key_value_heads, capacity,
+                        head_dim, dtype, prompt_ids.device)
+    cos, sin = _rotary_table(model, capacity, prompt_ids.device, dtype)
+    cache_kw = _cache_kwarg(llama.layers[0])
+
+    def forward(ids: torch.Tensor, start: int) -> torch.Tensor:
+        """Hidden states -> logits for tokens at positions start..start+len-1."""
+        end = start + ids.shape[1]
+        rope = (cos[:, start:end], sin[:, start:end])  # views of the table: no kernels
+        hidden = llama.embed_tokens(ids)
+        for layer in llama.layers:
+            # A mask is needed only to hide the future inside the prompt, and the attention
+            # layer then uses is_causal instead; a single new token may see every cached one.
+            hidden = layer(hidden, attention_mask=None, position_embeddings=rope,
+                           use_cache=True, **{cache_kw: kv})
+        kv.length = end
+        return model.lm_head(llama.norm(hidden))
+
+    with _annotate("prefill"):
+        logits = forward(prompt_ids, 0)  # logits of every prompt position, as V0 computes them
+    torch.argmax(logits[:, -1:, :], dim=-1, out=out[:, 0:1])
+    for i in _steps(range(1, new_tokens)):
+        logits = forward(out[:, i - 1 : i], prompt_len + i - 1)
+        torch.argmax(logits[:, -1:, :], dim=-1, out=out[:, i : i + 1])
+    return out.cpu()
+
+
+def bf16_copy(model):
+    """A BF16 copy of a model (V3, the precision ablation); the FP32 model is left as it is."""
+    import copy
+
+    return copy.deepcopy(model).to(torch.bfloat16)
+
+
+VARIANTS: dict[str, DecodeFn] = {
+    "V0 naive": decode_naive,
+    "V1 KV cache": decode_kv_cache,
+    "V2 no sync": decode_no_sync,
+    "V2s static cache": decode_static_cache,
+    "V2L lean loop": decode_lean,
+}
+
+
+def time_decode(fn: DecodeFn, model, prompt_ids: torch.Tensor, new_tokens: int,
+                repeats: int = 5, warmup: int = 1) -> Timing:
+    """End-to-end time of one whole generation (prefill, every step, the final read), in ms."""
+    return benchmark(lambda: fn(model, prompt_ids, new_tokens), warmup=warmup, repeats=repeats)
+
+
+def step_times_ms(fn: DecodeFn, model, prompt_ids: torch.Tensor, new_tokens: int) -> list[float]:
+    """Duration of every decode step of one generation (the prefill is not a step)."""
+    with step_clock() as clock:
+        fn(model, prompt_ids, new_tokens)
+    return clock.times_ms()

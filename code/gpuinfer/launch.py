@@ -1,0 +1,130 @@
+"""What a kernel launch costs, and the two ways to stop paying it: fusion and CUDA graphs.
+
+A PyTorch op run eagerly costs the host a few microseconds (Python, the dispatcher, the
+CUDA driver) before its kernel is even queued. When the kernel itself is shorter than that,
+the GPU idles between kernels and the host's launch rate sets the speed. Two remedies:
+
+- *fusion* (`torch.compile`): K elementwise ops become one kernel, which cuts the launches
+  *and* the bytes, since intermediates stay in registers instead of going through memory;
+- a *CUDA graph*: the same K kernels, recorded once and replayed by a single host call,
+  which cuts the launch cost and nothing else: every kernel still reads and writes memory.
+
+`chain` is the experiment: K dependent elementwise ops, one kernel each when run eagerly.
+`chain_sweep` times it eagerly, compiled and replayed from a graph at several K.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from gpuinfer.timing import Timing, benchmark, capture_graph
+
+
+def chain(x: torch.Tensor, k: int) -> torch.Tensor:
+    """K dependent elementwise ops on x, alternating a multiply and an add.
+
+    Eagerly each op is its own kernel that reads and writes the whole tensor; compiled, the
+    K ops fuse into one kernel that reads x once and writes the result once.
+    """
+    for i in range(k):
+        x = x * 1.0001 if i % 2 == 0 else x + 0.0001
+    return x
+
+
+def launch_cost(n_launches: int = 1000, *, device="cuda", repeats: int = 20) -> dict:
+    """Microseconds per launch of a trivial kernel: eagerly from Python, and inside a graph.
+
+    The kernel (`add_` on one float) does no work worth measuring, so the time per launch
+    is the overhead: the host's cost to launch it eagerly, or the GPU's cost to start the
+    next node of a replayed graph (NaN without CUDA: there are no graphs to replay).
+    """
+    x = torch.zeros(1, device=device)
+
+    def launches():
+        for _ in range(n_launches):
+            x.add_(1.0)
+
+    eager = benchmark(launches, warmup=2, repeats=repeats)
+    graph_us = float("nan")
+    if torch.device(device).type == "cuda":
+        graph, _ = capture_graph(launches, warmup=1)
+        graph_us = benchmark(graph.replay, warmup=2, repeats=repeats).median * 1e3 / n_launches
+    return {"n_launches": n_launches, "eager_us": eager.median * 1e3 / n_launches,
+            "graph_us": graph_us}
+
+
+@dataclass(frozen=True)
+class ChainPoint:
+    """One timed configuration of the K-op chain."""
+
+    mode: str  # "eager", "compiled" or "graph"
+    k: int
+    numel: int
+    timing: Timing
+    compile_s: float | None = None  # first-call time of a compiled chain (host clock)
+
+    @property
+    def us_per_op(self) -> float:
+        return self.timing.median * 1e3 / self.k
+
+
+def chain_sweep(
+    ks: list[int],
+    sizes: list[int],
+    *,
+    modes: tuple[str, ...] = ("eager", "compiled", "graph"),
+    device: torch.device | str = "cuda",
+    warmup: int = 3,
+    repeats: int = 20,
+) -> list[ChainPoint]:
+    """Time `chain(x, k)` for every k in `ks` and every tensor size (elements) in `sizes`.
+
+    "eager" launches K kernels from Python; "compiled" runs the torch.compile'd chain (one
+    fused kernel); "graph" replays a CUDA graph of the eager chain (K kernels, one host
+    call; CUDA only). x is random fp32. Every mode's output is checked against eager's.
+    """
+    points = []
+    for k in ks:
+        fused = None
+        for numel in sizes:
+            x = torch.randn(numel, device=device)
+            expected = chain(x, k)
+            if "eager" in modes:
+                timing = benchmark(lambda: chain(x, k), warmup=warmup, repeats=repeats)
+                points.append(ChainPoint("eager", k, numel, timing))
+            if "compiled" in modes:
+                compile_s = None
+                if fused is None:
+                    # dynamic=True: one kernel for every size, so one compilation per k.
+                    # dynamo specialises on k (it unrolls the loop): every k is a new entry
+                    # for the same code object, so the limit of 8 recompilations is raised.
+                    with torch._dynamo.config.patch(recompile_limit=max(64, 2 * len(ks))):
+                        fused = torch.compile(lambda t, k=k: chain(t, k), fullgraph=True,
+                                              dynamic=True)
+                        _sync(device)
+                        t0 = time.perf_counter()
+                        fused(x)
+                        _sync(device)
+                        compile_s = time.perf_counter() - t0
+                # A fused kernel contracts x*a + b into one fma, which rounds once instead of
+                # twice: equal up to rounding (measured on the H200: 1.5e-5 relative at worst).
+                torch.testing.assert_close(fused(x), expected, rtol=1e-4, atol=1e-4)
+                timing = benchmark(lambda: fused(x), warmup=warmup, repeats=repeats)
+                points.append(ChainPoint("compiled", k, numel, timing, compile_s))
+            if "graph" in modes:
+                graph, out = capture_graph(lambda: chain(x, k))
+                graph.replay()
+                assert torch.equal(out, expected), "a graph replays the eager kernels exactly"
+                timing = benchmark(graph.replay, warmup=warmup, repeats=repeats)
+                points.append(ChainPoint("graph", k, numel, timing))
+                del graph, out
+    return points
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()

@@ -1,0 +1,99 @@
+"""Every FP32 decode variant produces exactly the naive loop's tokens (small config, CPU)."""
+
+import pytest
+import torch
+
+from gpuinfer import decode
+from gpuinfer.llama import build_model, random_prompt, tiny_llama_config
+
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = tiny_llama_config(vocab_size=512, hidden_size=64, intermediate_size=172,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4)
+    return build_model(config, seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompt(model):
+    return random_prompt(model.config, 16, batch=2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def reference(model, prompt):
+    return decode.decode_naive(model, prompt, NEW_TOKENS)
+
+
+def test_reference_shape_and_type(reference, prompt):
+    assert reference.shape == (prompt.shape[0], NEW_TOKENS)
+    assert reference.dtype == torch.int64 and reference.device.type == "cpu"
+
+
+@pytest.mark.parametrize("name", [n for n in decode.VARIANTS if not n.startswith("V0")])
+def test_every_fp32_variant_is_bit_exact(name, model, prompt, reference):
+    out = decode.VARIANTS[name](model, prompt, NEW_TOKENS)
+    assert out.dtype == torch.int64 and out.device.type == "cpu"
+    assert torch.equal(out, reference), name
+
+
+def test_the_workload_size_is_bit_exact_too():
+    """The chapter's model shape (vocab 32000, 4 layers), a few tokens: cached == naive."""
+    config = tiny_llama_config()
+    model = build_model(config, seed=0)
+    prompt = random_prompt(config, 32)
+    ref = decode.decode_naive(model, prompt, 6)
+    for fn in (decode.decode_kv_cache, decode.decode_static_cache, decode.decode_lean):
+        assert torch.equal(fn(model, prompt, 6), ref), fn.__name__
+
+
+@pytest.mark.parametrize("fn", list(decode.VARIANTS.values()))
+def test_edge_lengths(fn, model, prompt, reference):
+    assert fn(model, prompt, 0).shape == (prompt.shape[0], 0)
+    assert torch.equal(fn(model, prompt, 1), reference[:, :1])
+
+
+def test_naive_stops_at_eos(model, prompt):
+    single = prompt[:1]
+    ref = decode.decode_naive(model, single, NEW_TOKENS)
+    eos = int(ref[0, 5])
+    first = int((ref[0] == eos).nonzero()[0])
+    out = decode.decode_naive(model, single, NEW_TOKENS, eos_token_id=eos)
+    assert torch.equal(out, ref[:, : first + 1])
+
+
+def test_lean_leaves_no_inference_tensors(model, prompt):
+    out = decode.decode_lean(model, prompt, 3)
+    assert not out.is_inference()
+
+
+def test_step_clock_times_every_decode_step(model, prompt):
+    times = decode.step_times_ms(decode.decode_no_sync, model, prompt, 5)
+    assert len(times) == 4 and all(t > 0 for t in times)  # the prefill is not a step
+    times = decode.step_times_ms(decode.decode_naive, model, prompt, 5)
+    assert len(times) == 5
+    assert decode._step_marks is None  # the clock is off again
+
+
+def test_time_decode_returns_a_timing(model, prompt):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = decode.time_decode(decode.decode_no_sync, model, prompt, 4, repeats=2, warmup=0)
+    assert t.repeats == 2 and t.median > 0
+
+
+def test_bf16_copy_leaves_the_model_alone(model):
+    copy = decode.bf16_copy(model)
+    assert copy.lm_head.weight.dtype == torch.bfloat16
+    assert model.lm_head.weight.dtype == torch.float32
+
+
+def test_lean_refuses_attention_without_a_causal_flag():
+    config = tiny_llama_config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+    model = build_model(config, attn_implementation="eager")
+    with pytest.raises(ValueError, match="SDPA"):
+        decode.decode_lean(model, random_prompt(config, 4), 2)

@@ -1,0 +1,173 @@
+"""The static-cache decode step of Chapter 3: the same tokens as Chapter 2's loops, fixed
+addresses, no graph breaks; on a GPU, graph replay and torch.compile give the same tokens."""
+
+import pytest
+import torch
+
+from gpuinfer import static_decode as sd
+from gpuinfer.decode import decode_kv_cache, decode_naive
+from gpuinfer.llama import build_model, random_prompt, tiny_llama_config
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def small_config(**overrides):
+    params = dict(vocab_size=2048, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4)
+    params.update(overrides)
+    return tiny_llama_config(**params)
+
+
+@pytest.fixture(scope="module")
+def workload():
+    config = small_config()
+    model = build_model(config, seed=0, device=DEVICE)
+    prompt = random_prompt(config, 32, device=DEVICE)
+    return model, prompt, decode_naive(model, prompt, 20)
+
+
+def test_static_cache_gives_the_dynamic_cache_tokens(workload):
+    model, prompt, reference = workload
+    tokens = sd.decode_static(model, prompt, 20)
+    assert tokens.dtype == torch.int64 and tokens.device.type == "cpu"
+    assert tokens.shape == (1, 20)
+    assert torch.equal(tokens, decode_kv_cache(model, prompt, 20))
+    assert torch.equal(tokens, reference)
+
+
+def test_grouped_query_attention_and_batch():
+    config = small_config(num_key_value_heads=2)
+    model = build_model(config, seed=3, device=DEVICE)
+    prompt = random_prompt(config, 7, batch=3, device=DEVICE)
+    assert torch.equal(sd.decode_static(model, prompt, 12), decode_naive(model, prompt, 12))
+
+
+def test_prefill_resets_and_nothing_moves(workload):
+    model, prompt, reference = workload
+    decoder = sd.static_decoder(model, 1, sd.capacity_for(32, 20))
+    addresses = [t.data_ptr() for t in decoder.tensors()]
+    first = sd.decode_static(model, prompt, 20)
+    other = random_prompt(model.config, 32, seed=7, device=DEVICE)
+    sd.decode_static(model, other, 20)  # overwrites the cache with another sequence
+    assert torch.equal(sd.decode_static(model, prompt, 20), first)
+    assert addresses == [t.data_ptr() for t in decoder.tensors()]
+    assert sd.static_decoder(model, 1, sd.capacity_for(32, 20)) is decoder  # built once
+
+
+def test_shorter_generation_is_a_prefix(workload):
+    model, prompt, reference = workload
+    assert torch.equal(sd.decode_static(model, prompt, 5), reference[:, :5])
+    assert sd.decode_static(model, prompt, 0).shape == (1, 0)
+
+
+def test_capacity():
+    assert sd.capacity_for(32, 256) == 320
+    assert sd.capacity_for(32, 32) == 64
+    assert sd.capacity_for(1, 1) == 64
+    config = small_config()
+    model = build_model(config, device=DEVICE)
+    decoder = sd.StaticDecoder(model, 1, 64)
+    with pytest.raises(ValueError):
+        decoder.generate(random_prompt(config, 60, device=DEVICE), 10)
+
+
+def test_final_step_has_no_graph_breaks(workload):
+    model, prompt, _ = workload
+    decoder = sd.static_decoder(model, 1, sd.capacity_for(32, 20))
+    with torch.no_grad():
+        decoder.prefill(prompt)
+        graphs, breaks = sd.graph_breaks(decoder.decode_step)
+    assert (graphs, breaks) == (1, [])
+
+
+def test_draft_step_has_three_breaks(workload, capsys):
+    model, prompt, _ = workload
+    decoder = sd.static_decoder(model, 1, sd.capacity_for(32, 20))
+    with torch.no_grad():
+        decoder.prefill(prompt)
+        graphs, breaks = sd.graph_breaks(sd.decode_step_with_breaks, decoder)
+    assert graphs == 4
+    assert [code.split("(")[0] for _, code, _ in breaks] == [
+        "if torch.isnan", "position = decoder.pos.item", "print"]
+
+
+def test_fullgraph_traces_the_final_step_and_rejects_the_draft(workload):
+    model, prompt, reference = workload
+    decoder = sd.static_decoder(model, 1, sd.capacity_for(32, 20))
+    with torch.no_grad():
+        decoder.prefill(prompt)
+        with pytest.raises(torch._dynamo.exc.Unsupported):
+            torch.compile(sd.decode_step_with_breaks, backend="eager", fullgraph=True)(decoder)
+        traced = torch.compile(decoder.decode_step, backend="eager", fullgraph=True)
+        decoder.prefill(prompt)
+        for _ in range(4):
+            traced()
+    torch._dynamo.reset()
+    assert torch.equal(decoder.tokens[:, 32:37].cpu(), reference[:, :5])
+
+
+def test_step_timing_and_profile(workload, tmp_path):
+    from gpuinfer.profiling import load_trace, step_stats
+
+    model, prompt, _ = workload
+    decoder = sd.static_decoder(model, 1, sd.capacity_for(32, 20))
+    timing = sd.step_timing(decoder, prompt, "eager", warmup=1, repeats=3)
+    assert timing.repeats == 3 and timing.median > 0
+    with pytest.raises(ValueError):
+        sd.step_timing(decoder, prompt, "eager", warmup=10, repeats=100)
+    path = str(tmp_path / "steps.json.gz")
+    trace = sd.profile_steps(decoder, prompt, "eager", path, steps=3, warmup=1)
+    assert step_stats(load_trace(path)).steps == 3 == step_stats(trace).steps
+
+
+def test_unknown_way_to_run_a_step(workload):
+    model, _, _ = workload
+    decoder = sd.static_decoder(model, 1, sd.capacity_for(32, 20))
+    with pytest.raises(ValueError):
+        decoder.step_function("fast")
+
+
+@pytest.mark.gpu
+def test_graph_replay_gives_the_eager_tokens(workload):
+    model, prompt, reference = workload
+    eager = sd.decode_static(model, prompt, 20)
+    assert torch.equal(sd.decode_cuda_graph(model, prompt, 20), eager)
+    # prefill resets the cache in place; the same captured graph replays the same tokens
+    other = random_prompt(model.config, 32, seed=7, device=DEVICE)
+    assert torch.equal(sd.decode_cuda_graph(model, other, 20), sd.decode_static(model, other, 20))
+    assert torch.equal(sd.decode_cuda_graph(model, prompt, 20), reference)
+
+
+@pytest.mark.gpu
+def test_graphed_step_is_faster(workload):
+    model, prompt, _ = workload
+    decoder = sd.static_decoder(model, 1, 128)  # room for the timed steps
+    eager = sd.step_timing(decoder, prompt, "eager", warmup=5, repeats=30)
+    graph = sd.step_timing(decoder, prompt, "graph", warmup=5, repeats=30)
+    assert graph.median < eager.median
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["compiled", "compiled+graph", "reduce-overhead"])
+def test_compiled_steps_give_the_reference_tokens(workload, how):
+    model, prompt, reference = workload
+    assert torch.equal(sd.decode_with(how)(model, prompt, 20), reference)
+    assert torch.equal(sd.decode_with(how)(model, prompt, 20), reference)  # replay, no compile
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_reduce_overhead_outputs_are_overwritten(workload):
+    model, prompt, _ = workload
+    decoder = sd.static_decoder(model, 1, sd.capacity_for(32, 20))
+    sd.decode_reduce_overhead(model, prompt, 20)
+    compiled = decoder.step_function("reduce-overhead").compiled
+    with torch.no_grad():
+        decoder.prefill(prompt)
+        torch.compiler.cudagraph_mark_step_begin()
+        first = compiled()
+        torch.compiler.cudagraph_mark_step_begin()  # a new generation reuses the memory
+        compiled()
+        with pytest.raises(RuntimeError, match="overwritten"):
+            first.tolist()
