@@ -1,0 +1,84 @@
+"""Compare two recordings of a chapter, number by number:
+`python -m gpuinfer.compare BASELINE.ipynb YOURS.ipynb`.
+
+Every number in a chapter's prose is glued from its run (myst_nb.glue), and the glued values
+are stored in the executed notebook. So the recording made on the book's H200 and one made
+on your GPU can be compared value by value, with the GPUs they came from, without reading
+either page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+GLUE_PREFIX = "application/papermill.record/"  # myst_nb.glue(..., display=False)
+NUMBER = re.compile(r"^(?:np\.\w+\()?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\s*\)?$")
+
+
+def glued_values(path: Path | str) -> dict[str, str]:
+    """{name: text} of every value the notebook glued, in the order it glued them."""
+    nb = json.loads(Path(path).read_text(encoding="utf8"))
+    values = {}
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []):
+            name = out.get("metadata", {}).get("scrapbook", {}).get("name")
+            data = out.get("data", {})
+            text = data.get(GLUE_PREFIX + "text/plain", data.get("text/plain"))
+            if name is not None and text is not None:
+                values[name] = "".join(text) if isinstance(text, list) else text
+    return values
+
+
+def as_number(text: str) -> float | None:
+    """The float in a glued text/plain value ('4.18', 'np.float64(4.18)'), else None."""
+    match = NUMBER.match(text.strip().strip("'\""))
+    return float(match.group(1)) if match else None
+
+
+def provenance(path: Path | str) -> str:
+    meta = json.loads(Path(path).read_text(encoding="utf8")).get("metadata", {}).get(
+        "gpuinfer", {})
+    return (f"{meta.get('gpu') or 'CPU (smoke mode)'}, torch {meta.get('torch', '?')}, "
+            f"{meta.get('date', 'date unknown')}")
+
+
+def compare(baseline: Path | str, yours: Path | str) -> list[tuple[str, str, str, str]]:
+    """Rows (name, baseline, yours, yours ÷ baseline) for every value glued by either."""
+    a, b = glued_values(baseline), glued_values(yours)
+    rows = []
+    for name in list(a) + [n for n in b if n not in a]:
+        x, y = a.get(name, "–"), b.get(name, "–")
+        fx, fy = as_number(x), as_number(y)
+        ratio = (f"{fy / fx:.2f}×" if fx not in (None, 0) and fy is not None
+                 and math.isfinite(fx) and math.isfinite(fy) else "")
+        rows.append((name, x, y, ratio))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpuinfer.compare",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("baseline", type=Path, help="e.g. the H200 recording of the chapter")
+    parser.add_argument("yours", type=Path, help="e.g. book/_recorded/01_roofline.ipynb")
+    args = parser.parse_args(argv)
+    for path in (args.baseline, args.yours):
+        if not path.is_file():
+            print(f"error: no such notebook {path}", file=sys.stderr)
+            return 2
+    rows = compare(args.baseline, args.yours)
+    print(f"baseline: {args.baseline} ({provenance(args.baseline)})")
+    print(f"yours:    {args.yours} ({provenance(args.yours)})\n")
+    widths = [max(len(r[i]) for r in rows + [("value", "baseline", "yours", "ratio")])
+              for i in range(4)]
+    for row in [("value", "baseline", "yours", "ratio")] + rows:
+        print("  ".join(cell[:40].ljust(min(w, 40)) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""The site as a reader meets it: a Sphinx extension (listed in _config.yml).
+
+- `{gpu-spec-table}`: the datasheet table of gpuinfer.roofline, rendered at build time, so
+  that the appendix cannot drift from the numbers the chapters use.
+- `{recorded-runtimes}`: how long each chapter ran when it was recorded, read from the
+  provenance the record command stores in book/_recorded/<chapter>.ipynb.
+- The theme's download menu (top right of a page) gets the files a chapter page links for
+  download from its recording (the executed notebook, profiler traces), next to the source.
+- Figures get alt text: gpuinfer.plots stores a description of every figure in its PNG, and
+  it becomes the <img alt> here (instead of the file's name).
+- Two fixes of the theme's page head, found by the browser test (tests/test_browser.py):
+  the colour mode starts in "auto" (without it a first visit logs "Got invalid theme mode"),
+  and sphinx-thebe's inline script, emitted twice, is emitted once (the second copy is a
+  JavaScript error).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from docutils import nodes
+from sphinx import addnodes
+from sphinx.util.docutils import SphinxDirective
+
+from gpuinfer import recordings, roofline
+
+
+# --- tables --------------------------------------------------------------------------------
+
+def table(header: list[str], rows: list[list], classes: tuple[str, ...] = ()) -> nodes.table:
+    """A docutils table; a cell is a string or a node."""
+    tgroup = nodes.tgroup(cols=len(header))
+    tgroup += [nodes.colspec(colwidth=1) for _ in header]
+
+    def row(cells):
+        tr = nodes.row()
+        for cell in cells:
+            entry = nodes.entry()
+            entry += nodes.paragraph("", "", cell if isinstance(cell, nodes.Node)
+                                     else nodes.Text(str(cell)))
+            tr += entry
+        return tr
+
+    tgroup += nodes.thead("", row(header))
+    tgroup += nodes.tbody("", *[row(r) for r in rows])
+    return nodes.table("", tgroup, classes=list(classes))
+
+
+def recorded_gpus(root: Path) -> dict[str, dict]:
+    """{chapter: provenance} of every chapter whose recording is readable."""
+    found = {}
+    for chapter, path in recordings.chapters(root).items():
+        try:
+            found[chapter] = recordings.read_provenance(recordings.recording_path(path))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:g}"
+
+
+class GPUSpecTable(SphinxDirective):
+    """The datasheet ceilings of gpuinfer.roofline.GPU_SPECS, with the BF16 ridge point."""
+
+    def run(self):
+        root = Path(self.env.srcdir)
+        for path in recordings.chapters(root).values():
+            self.env.note_dependency(str(recordings.recording_path(path)))
+        self.env.note_dependency(roofline.__file__)
+        book_gpus = {spec.name for meta in recorded_gpus(root).values()
+                     if not meta.get("smoke")
+                     for spec in [roofline.lookup_spec(meta.get("gpu"))] if spec}
+        header = ["GPU", "memory", "HBM TB/s", "FP32 TFLOP/s", "TF32 TFLOP/s",
+                  "BF16 TFLOP/s", "BF16 ridge FLOP/B"]
+        rows, sources = [], {}
+        for s in roofline.GPU_SPECS:
+            ridge = (roofline.ridge_point(s.bf16_tflops * 1e12, s.hbm_tbs * 1e12)
+                     if s.bf16_tflops else None)
+            name = nodes.strong(text=s.name + " (the book's GPU)") if s.name in book_gpus \
+                else s.name
+            rows.append([name, s.memory, _fmt(s.hbm_tbs), _fmt(s.fp32_tflops),
+                         _fmt(s.tf32_tflops), _fmt(s.bf16_tflops),
+                         "–" if ridge is None else f"{ridge:.0f}"])
+            sources.setdefault(s.source, []).append(s.name)
+        # The sources under the table, not in a column: the table must fit the page width.
+        listed = "; ".join(f"{', '.join(names)}: {source}" for source, names in sources.items())
+        note = nodes.paragraph("", "", nodes.emphasis(text="Sources. "), nodes.Text(listed + "."))
+        return [table(header, rows, classes=("gpu-spec-table",)), note]
+
+
+class RecordedRuntimes(SphinxDirective):
+    """Per chapter: the state of its recording, the GPU, the date and the run time."""
+
+    def run(self):
+        root = Path(self.env.srcdir)
+        header = ["chapter", "recording", "GPU", "recorded", "run time (s)"]
+        rows, total, timed = [], 0.0, 0
+        for chapter, path in recordings.chapters(root).items():
+            self.env.note_dependency(str(recordings.recording_path(path)))
+            docname = self.env.path2doc(str(path))
+            link = addnodes.pending_xref("", nodes.inline(text=chapter), refdomain="std",
+                                         reftype="doc", reftarget="/" + docname,
+                                         refexplicit=False, refdoc=self.env.docname)
+            status = recordings.status(root, chapter)
+            meta = status.provenance
+            state = {"fresh": "up to date", "stale": "stale (from an older version)",
+                     "missing": "not recorded yet", "cpu": "CPU smoke run, not a GPU",
+                     "corrupt": "unreadable"}[status.state]
+            seconds = meta.get("seconds") if status.state in ("fresh", "stale") else None
+            if isinstance(seconds, (int, float)):
+                total, timed = total + seconds, timed + 1
+            rows.append([link, state, meta.get("gpu") or "–", meta.get("date") or "–",
+                         f"{seconds:.0f}" if isinstance(seconds, (int, float)) else "–"])
+        if timed:
+            rows.append([nodes.strong(text="all chapters"), "", "", "",
+                         nodes.strong(text=f"{total:.0f}")])
+        return [table(header, rows, classes=("recorded-runtimes",))]
+
+
+# --- the download menu ---------------------------------------------------------------------
+
+def recording_downloads(app, pagename: str) -> list[tuple[str, str]]:
+    """(file name, path under _downloads/) of the recording files that `pagename` links to
+    for download: the sphinx_recordings box links them with {download} roles."""
+    found = []
+    for filename, (docnames, dest) in app.env.dlfiles.items():
+        if pagename in docnames and "_recorded" in Path(filename).parts:
+            found.append((Path(filename).name, dest))
+    return sorted(found, key=lambda f: (not f[0].endswith(".ipynb"), f[0]))
+
+
+def add_download_buttons(app, pagename, templatename, context, doctree):
+    """html-page-context, after the theme built its header buttons (priority 501)."""
+    group = next((b for b in context.get("header_buttons", [])
+                  if b.get("label") == "download-buttons"), None)
+    if group is None:
+        return
+    extra = []
+    for name, dest in recording_downloads(app, pagename):
+        notebook = name.endswith(".ipynb")
+        extra.append({
+            "type": "link",
+            "url": context["pathto"]("_downloads/" + dest, 1),
+            "text": ".ipynb (recorded)" if notebook else name,
+            "tooltip": ("The executed notebook of the recording, with its outputs"
+                        if notebook else "A file the recorded run wrote (open a .json.gz "
+                        "profiler trace in ui.perfetto.dev)"),
+            "icon": "fas fa-microchip" if notebook else "fas fa-file-zipper",
+            "label": "download-recording-button",
+        })
+    group["buttons"][1:1] = extra  # after the page's source, before "print to PDF"
+
+
+# --- figures -------------------------------------------------------------------------------
+
+def png_description(path: Path) -> str | None:
+    """The 'Description' text chunk of a PNG (gpuinfer.plots writes one), or None."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return im.text.get("Description") if hasattr(im, "text") else None
+    except OSError:
+        return None
+
+
+def add_alt_text(app, doctree) -> None:
+    """doctree-read: an image without alt text gets the description stored in its PNG."""
+    for node in doctree.findall(nodes.image):
+        if node.get("alt") or not node["uri"].endswith(".png"):
+            continue
+        # Sphinx's image collector (also on doctree-read, earlier) has made the path
+        # relative to the source folder; before it, the uri is relative to the page.
+        rel = node.get("candidates", {}).get("*")
+        path = Path(app.srcdir, rel) if rel else Path(app.env.relfn2path(
+            node["uri"], app.env.docname)[1])
+        alt = png_description(path)
+        if alt:
+            node["alt"] = alt
+
+
+def drop_duplicate_scripts(app, pagename, templatename, context, doctree):
+    """html-page-context: sphinx-thebe's inline configuration (`const THEBE_JS_URL = ...`)
+    reaches the page twice (once with filename None, once with ""), and the second copy is
+    a JavaScript error in the browser ("Identifier 'THEBE_JS_URL' has already been
+    declared"). Keep the first of each script."""
+    scripts = context.get("script_files")
+    if scripts:
+        seen, kept = set(), []
+        for js in scripts:
+            key = (str(getattr(js, "filename", js) or ""),  # an inline script: None or ""
+                   tuple(sorted(getattr(js, "attributes", {}).items())))
+            if key not in seen:
+                seen.add(key)
+                kept.append(js)
+        context["script_files"] = kept
+
+
+def default_color_mode(app, config) -> None:
+    """The pydata theme reads `default_mode` from the template context, where jupyter-book
+    sets nothing: a first visit then logs 'Got invalid theme mode' in the console."""
+    config.html_context.setdefault("default_mode", "auto")
+
+
+def setup(app):
+    app.add_directive("gpu-spec-table", GPUSpecTable)
+    app.add_directive("recorded-runtimes", RecordedRuntimes)
+    app.connect("config-inited", default_color_mode)
+    app.connect("doctree-read", add_alt_text)
+    app.connect("html-page-context", add_download_buttons, priority=600)
+    app.connect("html-page-context", drop_duplicate_scripts, priority=900)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,54 @@
+"""gpuinfer.compare: two recordings of a chapter side by side, glued value by glued value."""
+
+import json
+
+import pytest
+
+from gpuinfer import compare
+
+GLUE = "application/papermill.record/text/plain"
+
+
+def notebook(path, gpu, values):
+    """A minimal executed notebook holding myst_nb glue outputs, as the record command writes."""
+    outputs = [{"output_type": "display_data", "data": {GLUE: text},
+                "metadata": {"scrapbook": {"name": name, "mime_prefix": GLUE[:-10]}}}
+               for name, text in values.items()]
+    outputs.append({"output_type": "stream", "name": "stdout", "text": "not glued\n"})
+    nb = {"cells": [{"cell_type": "code", "source": "", "metadata": {}, "outputs": outputs,
+                     "execution_count": 1}],
+          "metadata": {"gpuinfer": {"gpu": gpu, "torch": "2.11.0", "date": "2026-11-29"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(nb))
+    return path
+
+
+@pytest.mark.parametrize("text, number", [("4.18", 4.18), ("np.float64(4.18)", 4.18),
+                                          ("1e-05", 1e-5), ("767", 767.0), ("nan", None),
+                                          ("'H200 SXM 141GB'", None), ("None", None)])
+def test_as_number(text, number):
+    value = compare.as_number(text)
+    assert value == number or (number is None and (value is None or value != value))
+
+
+def test_compare_two_recordings(tmp_path, capsys):
+    a = notebook(tmp_path / "h200.ipynb", "NVIDIA H200",
+                 {"bw_tbs": "4.18", "peak": "np.float64(767.0)", "gpu_row": "'H200 SXM 141GB'"})
+    b = notebook(tmp_path / "mine.ipynb", "NVIDIA A100-SXM4-80GB",
+                 {"bw_tbs": "1.672", "peak": "np.float64(276.1)", "only_mine": "3"})
+    assert compare.glued_values(a) == {"bw_tbs": "4.18", "peak": "np.float64(767.0)",
+                                       "gpu_row": "'H200 SXM 141GB'"}
+    rows = {r[0]: r for r in compare.compare(a, b)}
+    assert rows["bw_tbs"] == ("bw_tbs", "4.18", "1.672", "0.40×")
+    assert rows["peak"][3] == "0.36×"
+    assert rows["gpu_row"] == ("gpu_row", "'H200 SXM 141GB'", "–", "")
+    assert rows["only_mine"] == ("only_mine", "–", "3", "")
+
+    assert compare.main([str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "NVIDIA H200" in out and "NVIDIA A100-SXM4-80GB" in out and "0.40×" in out
+
+
+def test_missing_file_is_a_clear_error(tmp_path, capsys):
+    assert compare.main([str(tmp_path / "nope.ipynb"), str(tmp_path / "nope.ipynb")]) == 2
+    assert "no such notebook" in capsys.readouterr().err

@@ -1,0 +1,59 @@
+"""The book's figure style: readable sizes, and alt text carried by every inline PNG."""
+
+import base64
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from PIL import Image  # noqa: E402
+
+from gpuinfer import plots  # noqa: E402
+from gpuinfer.plots import Point, Roof, describe, plt, roofline_plot  # noqa: E402
+
+
+def test_describe_reads_titles_labels_scales_and_legend():
+    fig, (a, b) = plt.subplots(1, 2)
+    a.plot([1, 2], [3, 4], label="measured")
+    a.plot([1, 2], [3, 3], label="floor")
+    a.legend()
+    a.set(title="Decode time", xlabel="batch", ylabel="time (ms)", yscale="log")
+    b.set(xlabel="step")
+    fig.suptitle("Two panels")
+    assert describe(fig) == ("Figure: Two panels. Decode time. x axis: batch. y axis: time (ms), "
+                             "log scale. Legend: measured; floor. x axis: step.")
+    plt.close(fig)
+    empty, _ = plt.subplots()
+    assert describe(empty) == "Figure"
+    plt.close(empty)
+
+
+def test_inline_png_carries_its_alt_text():
+    """use_book_style makes IPython's PNG of a figure carry describe(fig) as 'Description',
+    which the site's Sphinx extension turns into the <img> alt text."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    plots.use_book_style()
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3])
+    ax.set(title="Copy bandwidth", xlabel="size (MiB)", ylabel="GB/s")
+    data, _ = shell.display_formatter.format(fig)
+    png = Image.open(io.BytesIO(base64.b64decode(data["image/png"])))
+    assert png.text["Description"] == describe(fig)
+    # A figure of the default size at the book's dpi: sharp on dense screens.
+    assert png.size[0] >= 7 * plots.BOOK_STYLE["figure.dpi"]
+    plt.close(fig)
+
+
+def test_no_text_below_the_smallest_size():
+    plots.use_book_style()
+    points = [Point("a", 0.25, 1e12, 1e12, "elementwise"), Point("b", 500, 5e14, 7e14, "matmul")]
+    roofs = [Roof("BF16 measured", 7e14, True), Roof("BF16 datasheet", 9.9e14, False)]
+    ax = roofline_plot(points, roofs, bandwidth=4e12, bandwidth_datasheet=4.8e12)
+    sizes = [t.get_fontsize() for t in ax.texts + ax.get_xticklabels() + ax.get_yticklabels()]
+    assert min(sizes) >= plots.SMALL_TEXT
+    # Opaque: readable on the site's dark background.
+    assert matplotlib.colors.to_rgba(ax.figure.get_facecolor())[3] == 1
+    plt.close(ax.figure)

@@ -1,0 +1,76 @@
+"""What gpuinfer.sphinx_site adds to the built site: the spec table rendered from the package,
+the run times read from the recordings, alt text on figures, the download menu, and a page
+head without the theme's script errors. Checked in the HTML of the session's build."""
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gpuinfer import recordings, roofline
+from gpuinfer.sphinx_site import add_download_buttons
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def text_of(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+@pytest.mark.slow
+def test_spec_table_is_the_package_table(built_book):
+    table = re.search(r'<table class="[^"]*gpu-spec-table.*?</table>',
+                      (built_book / "book" / "appendix.html").read_text(), re.S)
+    assert table, "no GPU spec table on the appendix page"
+    rows = [text_of(r) for r in re.findall(r"<tr.*?</tr>", table.group(0), re.S)[1:]]
+    assert len(rows) == len(roofline.GPU_SPECS)
+    for spec, row in zip(roofline.GPU_SPECS, rows):
+        assert spec.name in row and spec.memory in row and f"{spec.hbm_tbs:g}" in row
+        if spec.bf16_tflops:
+            ridge = roofline.ridge_point(spec.bf16_tflops * 1e12, spec.hbm_tbs * 1e12)
+            assert f"{spec.bf16_tflops:g}" in row and f" {ridge:.0f} " in row + " "
+
+
+@pytest.mark.slow
+def test_run_times_table_lists_every_chapter(built_book):
+    html = (built_book / "book" / "reproduce.html").read_text()
+    table = re.search(r'<table class="[^"]*recorded-runtimes.*?</table>', html, re.S)
+    assert table, "no run-time table on the reproduce page"
+    for chapter, path in recordings.chapters(ROOT).items():
+        assert f'href="{path.stem}.html"' in table.group(0), chapter
+        st = recordings.status(ROOT, chapter)
+        if st.state in ("fresh", "stale"):
+            assert f"{st.provenance['seconds']:.0f}" in text_of(table.group(0))
+
+
+@pytest.mark.slow
+def test_chapter_figures_have_alt_text(built_book):
+    for chapter, path in recordings.chapters(ROOT).items():
+        page = (built_book / path.relative_to(ROOT).with_suffix(".html")).read_text()
+        for alt in re.findall(r'<img alt="([^"]*)"', page):
+            assert alt.startswith("Figure") and not alt.endswith(".png"), (chapter, alt)
+
+
+@pytest.mark.slow
+def test_page_head_has_no_duplicate_script_and_a_valid_colour_mode(built_book):
+    page = (built_book / "book" / "intro.html").read_text()
+    assert page.count("const THEBE_JS_URL") <= 1
+    assert 'data-default-mode="auto"' in page
+
+
+def test_download_menu_gets_the_recording_files():
+    """The recording and artifact links of a page go into the theme's download menu, after
+    the page's source and before "print to PDF"."""
+    app = SimpleNamespace(env=SimpleNamespace(dlfiles={
+        "book/_recorded/01_roofline.ipynb": ({"book/01_roofline"}, "abc/01_roofline.ipynb"),
+        "book/_recorded/01_roofline/trace.json.gz": ({"book/01_roofline"}, "def/trace.json.gz"),
+        "book/_recorded/02_decode.ipynb": ({"book/02_decode"}, "ghi/02_decode.ipynb"),
+        "book/data.csv": ({"book/01_roofline"}, "jkl/data.csv"),
+    }))
+    group = {"label": "download-buttons", "buttons": [{"text": ".md"}, {"text": ".pdf"}]}
+    context = {"header_buttons": [group], "pathto": lambda uri, resource: "../" + uri}
+    add_download_buttons(app, "book/01_roofline", "page.html", context, None)
+    assert [b["text"] for b in group["buttons"]] == [
+        ".md", ".ipynb (recorded)", "trace.json.gz", ".pdf"]
+    assert group["buttons"][1]["url"] == "../_downloads/abc/01_roofline.ipynb"
