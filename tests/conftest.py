@@ -1,8 +1,11 @@
 """Shared test setup: GPU-only tests are marked `gpu` and skip cleanly without CUDA; the
 book is built at most once per test session (`built_book`)."""
 
+import re
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,18 +23,42 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def built_book(tmp_path_factory) -> Path:
-    """The site, built once per session with `jupyter-book build <repo> --path-output <tmp>`
-    (the repository is not written to). Returns the html folder; the build's output is in
-    build.log two levels above it."""
-    out = tmp_path_factory.mktemp("book")
-    proc = subprocess.run(
-        [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
-         "build", str(ROOT), "--path-output", str(out)],
-        cwd=out, capture_output=True, text=True)
-    (out / "build.log").write_text(proc.stdout + proc.stderr, encoding="utf8")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass(frozen=True)
+class Build:
+    """A finished `jupyter-book build`: its html folder, its log (no colour codes), its time."""
+
+    html: Path
+    log: str
+    seconds: float
+
+
+def jupyter_book_build(root: Path, out: Path | None = None) -> Build:
+    """`jupyter-book build root [--path-output out]`, failing the test if the build fails."""
+    cmd = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
+           "build", str(root)] + (["--path-output", str(out)] if out else [])
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=out or root, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    log = ANSI.sub("", proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        pytest.fail(f"jupyter-book build failed:\n{(proc.stdout + proc.stderr)[-5000:]}",
-                    pytrace=False)
-    return out / "_build" / "html"
+        pytest.fail(f"jupyter-book build of {root} failed:\n{log[-5000:]}", pytrace=False)
+    return Build((out or root) / "_build" / "html", log, seconds)
+
+
+@pytest.fixture(scope="session")
+def book_build(tmp_path_factory) -> Build:
+    """The real book, built once per test session from a clean _build into a temporary
+    folder (the repository is not written to); its log is also in build.log beside _build."""
+    out = tmp_path_factory.mktemp("book")
+    built = jupyter_book_build(ROOT, out)
+    (out / "build.log").write_text(built.log, encoding="utf8")
+    return built
+
+
+@pytest.fixture(scope="session")
+def built_book(book_build) -> Path:
+    """The html folder of the session's build of the book."""
+    return book_build.html

@@ -12,30 +12,22 @@
 import re
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from conftest import jupyter_book_build
 from gpuinfer import record, recordings
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "fixtures" / "book"
 BUILD_TARGET_S = 60  # from a clean _build, on the 2-core CPU machine
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def build(root: Path, out: Path | None = None) -> tuple[str, float]:
-    """jupyter-book build; returns its log (stdout + stderr) and its wall time."""
-    cmd = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
-           "build", str(root)] + (["--path-output", str(out)] if out else [])
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=out or root, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    log = ANSI.sub("", proc.stdout + proc.stderr)
-    assert proc.returncode == 0, f"the build failed:\n{log[-5000:]}"
-    return log, seconds
+def build(root: Path) -> tuple[str, float]:
+    """Build a (fixture) book in place; its log and wall time."""
+    built = jupyter_book_build(root)
+    return built.log, built.seconds
 
 
 def executed(log: str) -> list[str]:
@@ -75,7 +67,7 @@ def git(root: Path, *args: str) -> str:
 # --- the real book ------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_book_builds_from_the_recordings_without_executing(tmp_path):
+def test_book_builds_from_the_recordings_without_executing(request):
     statuses = [recordings.status(ROOT, c) for c in recordings.chapters(ROOT)]
     stale = [st.message for st in statuses if not st.fresh]
     if stale:
@@ -84,14 +76,14 @@ def test_book_builds_from_the_recordings_without_executing(tmp_path):
     in_git = shutil.which("git") and (ROOT / ".git").exists()
     before = git(ROOT, "status", "--porcelain") if in_git else None
 
-    log, seconds = build(ROOT, tmp_path)
+    built = request.getfixturevalue("book_build")  # the session's one build of the book
+    log, seconds, html = built.log, built.seconds, built.html
     print(f"\njupyter-book build from a clean _build: {seconds:.1f} s "
           f"(target {BUILD_TARGET_S} s)")
 
     assert executed(log) == [], "the build executed notebooks"
     assert log.count("Using cached notebook") == len(statuses)
     assert sphinx_warnings(log) == []
-    html = tmp_path / "_build" / "html"
     for docname in recordings.toc_files(ROOT):
         page(html, docname)
     for st in statuses:

@@ -7,7 +7,6 @@ smoke mode a chapter must say so visibly: its outputs are not GPU results.
 from pathlib import Path
 
 import pytest
-import torch
 
 from gpuinfer.recordings import chapters
 
