@@ -24,12 +24,6 @@ FIXTURE = Path(__file__).parent / "fixtures" / "book"
 BUILD_TARGET_S = 60  # from a clean _build, on the 2-core CPU machine
 
 
-def build(root: Path) -> tuple[str, float]:
-    """Build a (fixture) book in place; its log and wall time."""
-    built = jupyter_book_build(root)
-    return built.log, built.seconds
-
-
 def executed(log: str) -> list[str]:
     """The notebooks myst-nb executed (rather than took from its cache)."""
     return re.findall(r"(\S+): Executing notebook", log)
@@ -118,7 +112,7 @@ def test_fixture_builds_from_recordings_and_previews_the_rest(tmp_path):
     commit_all(root)
 
     # 1. from a clean _build: ch_a from its recording, the stale ch_b executed as a preview
-    log, _ = build(root)
+    log = jupyter_book_build(root).log
     assert executed(log) == [str(ch_b)]
     assert "book/ch_a.md: Using cached notebook" in log
     [warning] = sphinx_warnings(log)
@@ -134,7 +128,7 @@ def test_fixture_builds_from_recordings_and_previews_the_rest(tmp_path):
     # 2. ch_b re-recorded: an incremental build re-reads it and executes nothing
     assert record.main(["--root", str(root), "--allow-cpu", "ch_b"]) == 0
     commit_all(root)
-    log, _ = build(root)
+    log = jupyter_book_build(root).log
     assert executed(log) == [] and "book/ch_b.md: Using cached notebook" in log
     assert sphinx_warnings(log) == [] and "build succeeded." in log
     assert "CPU preview" not in page(html, "book/ch_b")
@@ -143,7 +137,7 @@ def test_fixture_builds_from_recordings_and_previews_the_rest(tmp_path):
     # 3. a corrupt recording: reported by file name, executed as a preview, no traceback
     (root / "book" / "_recorded" / "ch_a.ipynb").write_text('{"cells": [')
     commit_all(root)
-    log, _ = build(root)
+    log = jupyter_book_build(root).log
     assert executed(log) == [str(root / "book" / "ch_a.md")]
     [warning] = sphinx_warnings(log)
     assert "book/_recorded/ch_a.ipynb is unreadable" in warning

@@ -8,19 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from gpuinfer.recordings import chapters
+from gpuinfer.recordings import chapters, read_chapter
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = chapters(ROOT)
 
 
 def execute_smoke(path: Path, tmp_path: Path, monkeypatch):
-    import jupytext
     import nbclient
 
     monkeypatch.setenv("GPUINFER_ARTIFACTS", str(tmp_path / "artifacts"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # smoke mode even on a GPU machine
-    nb = jupytext.read(path, fmt="md:myst")
+    nb = read_chapter(path)  # as the record command reads it
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,
                                      resources={"metadata": {"path": str(path.parent)}})
     try:

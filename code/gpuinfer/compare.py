@@ -16,6 +16,8 @@ import re
 import sys
 from pathlib import Path
 
+from gpuinfer.recordings import METADATA_KEY
+
 GLUE_PREFIX = "application/papermill.record/"  # myst_nb.glue(..., display=False)
 NUMBER = re.compile(r"^(?:np\.\w+\()?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\s*\)?$")
 
@@ -42,7 +44,7 @@ def as_number(text: str) -> float | None:
 
 def provenance(path: Path | str) -> str:
     meta = json.loads(Path(path).read_text(encoding="utf8")).get("metadata", {}).get(
-        "gpuinfer", {})
+        METADATA_KEY, {})
     return (f"{meta.get('gpu') or 'CPU (smoke mode)'}, torch {meta.get('torch', '?')}, "
             f"{meta.get('date', 'date unknown')}")
 
