@@ -2,6 +2,7 @@
 # Record chapters on the GPU machine, then run the GPU tests there, in one call.
 #
 #   OUT=/some/folder bash scripts/gpu_record.sh [chapter ...]     # default: every chapter
+#   GPU_TESTS=0 OUT=... bash scripts/gpu_record.sh ...             # record only, no GPU tests
 #
 # That machine has python3 with torch but no Jupyter packages and no network: they are
 # installed from the wheels in .whl/ (see ../shared/gpu/fetch-wheels.sh) into /tmp/site.
@@ -26,7 +27,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee 
 python3 -m gpuinfer.record "$@" 2>&1 | tee -a "$log"
 record_rc=${PIPESTATUS[0]}
 
-if python3 -c "import pytest" 2>/dev/null; then
+if [ "${GPU_TESTS:-1}" = "0" ]; then
+  echo "GPU tests skipped (GPU_TESTS=0)" | tee -a "$log"
+  test_rc=0
+elif python3 -c "import pytest" 2>/dev/null; then
   python3 -m pytest -m gpu -v -p no:cacheprovider 2>&1 | tee -a "$log"
   test_rc=${PIPESTATUS[0]}
 else

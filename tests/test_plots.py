@@ -57,3 +57,24 @@ def test_no_text_below_the_smallest_size():
     # Opaque: readable on the site's dark background.
     assert matplotlib.colors.to_rgba(ax.figure.get_facecolor())[3] == 1
     plt.close(ax.figure)
+
+
+def test_bandwidth_labels_do_not_overlap():
+    """The measured and the datasheet bandwidth roofs run close together: their labels sit
+    on opposite sides of the lines, apart from each other and inside the axes."""
+    plots.use_book_style()
+    points = [Point("x + y", 1 / 12, 0.37e12, 0.35e12, "elementwise"),
+              Point("M=1", 1, 4e12, 4.2e12, "gemv"), Point("8192³", 2730, 7.7e14, 8e14, "mm")]
+    roofs = [Roof("BF16 measured", 8e14, True), Roof("BF16 datasheet", 9.89e14, False)]
+    for fig_size in [(8.5, 6), None]:
+        fig, ax = plt.subplots(figsize=fig_size)
+        roofline_plot(points, roofs, bandwidth=4.19e12, bandwidth_datasheet=4.8e12, ax=ax)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        labels = [t for t in ax.texts if "TB/s" in t.get_text()]
+        assert [t.get_text() for t in labels] == ["4.19 TB/s (measured)", "4.80 TB/s (datasheet)"]
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        assert not boxes[0].overlaps(boxes[1])
+        inside = ax.get_window_extent(renderer)
+        assert all(inside.contains(b.x0, b.y0) and inside.contains(b.x1, b.y1) for b in boxes)
+        plt.close(fig)

@@ -3,6 +3,7 @@ addresses, no graph breaks; on a GPU, graph replay and torch.compile give the sa
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from gpuinfer import static_decode as sd
 from gpuinfer.decode import decode_kv_cache, decode_naive
@@ -35,11 +36,37 @@ def test_static_cache_gives_the_dynamic_cache_tokens(workload):
     assert torch.equal(tokens, reference)
 
 
-def test_grouped_query_attention_and_batch():
+@pytest.mark.parametrize("kernel", sd.ATTENTION)
+def test_attention_equals_repeat_interleave_sdpa(kernel):
+    torch.manual_seed(0)
+    batch, length, heads, kv_heads, d, slots = 2, 3, 8, 2, 16, 10
+    q = torch.randn(batch, length, heads, d)
+    keys, values = torch.randn(2, batch, kv_heads, slots, d)
+    positions = torch.tensor([5, 6, 7])
+    mask = torch.where(torch.arange(slots)[None] <= positions[:, None], 0.0, float("-inf"))
+    ours = sd.attention(q, keys, values, sd.fold_mask(mask, heads // kv_heads), kernel)
+    group = heads // kv_heads
+    expected = F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1),
+        attn_mask=mask).transpose(1, 2).reshape(batch, length, heads * d)
+    torch.testing.assert_close(ours, expected)
+
+
+def test_unknown_attention_kernel_is_named():
+    with pytest.raises(ValueError, match="flash.*matmul"):
+        sd.attention(*torch.randn(3, 1, 1, 2, 4), torch.zeros(1, 1), "flash")
+
+
+@pytest.mark.parametrize("kernel", sd.ATTENTION)
+def test_grouped_query_attention_and_batch(kernel):
     config = small_config(num_key_value_heads=2)
     model = build_model(config, seed=3, device=DEVICE)
     prompt = random_prompt(config, 7, batch=3, device=DEVICE)
-    assert torch.equal(sd.decode_static(model, prompt, 12), decode_naive(model, prompt, 12))
+    decode = sd.decode_with("eager", attention=kernel)
+    assert torch.equal(decode(model, prompt, 12), decode_naive(model, prompt, 12))
+    decoder = sd.static_decoder(model, 3, sd.capacity_for(7, 12), attention=kernel)
+    assert decoder.attention == kernel
+    assert decoder is not sd.static_decoder(model, 3, sd.capacity_for(7, 12), tune=False)
 
 
 def test_prefill_resets_and_nothing_moves(workload):

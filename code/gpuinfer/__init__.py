@@ -4,6 +4,7 @@ One idea per module:
 - env: where the code runs (device, smoke mode, provenance of a run)
 - timing: CUDA-event timing with warm-up, repeats, input rotation and graph replays
 - roofline: datasheet ceilings, arithmetic intensity, attainable performance
+- ceilings: the ceilings of this GPU, measured (copy bandwidth, matmul peak)
 - plots: the book's figure style and the roofline plot
 - llama: the decode workload, a small Llama with seeded random weights
 - decode: Chapter 2's greedy decode loops (V0 naive ... the lean loop)

@@ -131,6 +131,7 @@ def roofline_plot(points, roofs, *, bandwidth: float, bandwidth_datasheet: float
     """Log-log roofline: a sloped bandwidth roof per bandwidth, a flat roof per compute peak
     (measured solid, datasheet dashed), each point labelled with its % of attainable, and the
     ridge point of the highest measured roof marked. Values in SI units; plotted in TFLOP/s.
+    With two bandwidths, the lower roof is labelled below its line and the higher above.
     """
     ax = ax or plt.subplots(figsize=(8, 5.5))[1]
     intensities = [p.intensity for p in points]
@@ -138,15 +139,28 @@ def roofline_plot(points, roofs, *, bandwidth: float, bandwidth_datasheet: float
     x_hi = max(intensities + [2000]) * 2
     xs = np.logspace(np.log10(x_lo), np.log10(x_hi), 400)
     top = max(r.peak for r in roofs)
+    y_lo = min(p.achieved for p in points) / 3  # FLOP/s at the bottom of the axes
     bandwidths = [(bandwidth, True)]
     if bandwidth_datasheet:
         bandwidths.append((bandwidth_datasheet, False))
+    # The sloped roofs run close together (a measured bandwidth is 80-90% of the datasheet's),
+    # so labels on the same side would overlap. Set horizontally, a label stays clear of a
+    # line rising to the right if it sits below the line and extends right, or above it and
+    # extends left. The lower roof (on a tie, the measured one) is labelled the first way, at
+    # the left end of its visible part; the other the second way, about a third of the axes
+    # further right, so that its text fits left of where it is anchored.
+    lower = min(bandwidths, key=lambda b: (b[0], not b[1]))
+    x_label = max(x_lo * 1.3, 2 * y_lo / lower[0])  # twice the bottom: room for the text below
     for bw, measured in bandwidths:
         ax.plot(xs, np.minimum(bw * xs, top) / 1e12, color="0.25",
                 ls="-" if measured else "--", lw=1.4 if measured else 1.0)
         kind = "measured" if measured else "datasheet"
-        ax.annotate(f"{bw / 1e12:.2f} TB/s ({kind})", xy=(x_lo * 1.3, bw * x_lo * 1.3 / 1e12),
-                    rotation=0, fontsize=SMALL_TEXT, color="0.25", va="bottom")
+        below = len(bandwidths) > 1 and (bw, measured) == lower
+        x = x_label if below else min(x_label * (x_hi / x_lo) ** 0.3, top / bw / 3)
+        ax.annotate(f"{bw / 1e12:.2f} TB/s ({kind})", xy=(x, bw * x / 1e12),
+                    xytext=(2, -3) if below else (-2, 3), textcoords="offset points",
+                    ha="left" if below else "right", va="top" if below else "bottom",
+                    fontsize=SMALL_TEXT, color="0.25")
     for i, roof in enumerate(roofs):
         color = PALETTE[i % len(PALETTE)]
         ridge = roof.peak / bandwidth
@@ -159,8 +173,10 @@ def roofline_plot(points, roofs, *, bandwidth: float, bandwidth_datasheet: float
     if best is not None:
         ridge = best.peak / bandwidth
         ax.axvline(ridge, color="0.5", lw=0.8, ls=":")
-        ax.annotate(f"ridge {ridge:.0f} FLOP/B", xy=(ridge, top / 1e12 / 30), rotation=90,
-                    ha="right", va="bottom", fontsize=SMALL_TEXT, color="0.4")
+        # At the top left of the line, above the sloped roofs: no point is ever plotted there.
+        ax.annotate(f"ridge {ridge:.0f} FLOP/B", xy=(ridge, top * 2.4 / 1e12),
+                    xytext=(-3, 0), textcoords="offset points", ha="right", va="top",
+                    fontsize=SMALL_TEXT, color="0.4")
     groups = sorted({p.group for p in points})
     markers = dict(zip(groups, "osD^vP*X"))
     for p in points:
@@ -174,7 +190,7 @@ def roofline_plot(points, roofs, *, bandwidth: float, bandwidth_datasheet: float
     if unique:
         ax.legend(unique.values(), unique.keys(), loc="lower right")
     ax.set(xscale="log", yscale="log", xlim=(x_lo, x_hi),
-           ylim=(min(p.achieved for p in points) / 1e12 / 3, top / 1e12 * 2.5),
+           ylim=(y_lo / 1e12, top / 1e12 * 2.5),
            xlabel="arithmetic intensity (FLOP / byte)", ylabel="performance (TFLOP/s)", title=title)
     return ax
 

@@ -7,14 +7,13 @@ close a decode loop gets to moving it at the speed of memory.
 - The cost of one decode step from first principles (`ModelShape`, `step_cost`,
   `decode_cost`): every weight read once, the KV cache read so far, the new keys and values
   written; and the model bandwidth utilisation, `mbu`.
-- Ours: `ScaleDecoder`, Chapter 3's `StaticDecoder` whose attention reads each key/value head
-  once for its whole group of query heads, instead of copying it once per query head.
+- Ours: Chapter 3's `StaticDecoder`, with the attention kernel and compile options `OURS`
+  (`scale_decoder`).
 - Measured side by side (`measure_generation`): any generate function, stock `generate()` or
   ours, timed the same way, with its tokens, peak memory, and the error if it fails.
 - The batch roofline: `batch_sweep`, `ridge_batch` (the batch at which a step's intensity
   reaches the ridge point), `turning_batch` (the batch at which measured throughput stops
   growing with the batch).
-- The two ceilings, re-measured by each run: `copy_bandwidth`, `matmul_peak`.
 """
 
 from __future__ import annotations
@@ -26,14 +25,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from gpuinfer import roofline as rl
 from gpuinfer.llama import random_prompt
-from gpuinfer.static_decode import (StaticDecoder, capacity_for, rms_norm, rotate_half,
-                                    step_timing)
-from gpuinfer.timing import Timing, benchmark, benchmark_graph, fresh_inputs
+from gpuinfer.static_decode import StaticDecoder, capacity_for, step_timing
+from gpuinfer.timing import Timing, benchmark
 
 # ---------------------------------------------------------------------------------------------
 # The workload
@@ -202,73 +199,13 @@ def mbu(bytes_per_step: float, step_seconds: float, bandwidth: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# Ours: Chapter 3's static decoder, with grouped-query attention that reads each head once
+# Ours: Chapter 3's static decoder
 # ---------------------------------------------------------------------------------------------
 
-
-def fold_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
-    """The (T, slots) mask of T queries, one row per folded query (see below): (T * group,
-    slots)."""
-    return mask.repeat_interleave(group, dim=0) if group > 1 else mask
-
-
-def grouped_query_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                            folded_mask: torch.Tensor) -> torch.Tensor:
-    """Attention of `heads` query heads on `kv_heads` key/value heads, without copying them.
-
-    q: (batch, T, heads, head_dim); keys, values: (batch, kv_heads, slots, head_dim). Query
-    head j uses key/value head j // group (group = heads // kv_heads), as `repeat_interleave`
-    would pair them. Instead of repeating every key/value head `group` times (a copy of the
-    whole cache, every layer, every step), the group's queries are folded into the query
-    axis: each key/value head becomes one attention head with T x group queries, and the
-    cache is read once. `folded_mask` is `fold_mask(mask, group)`, made once per step.
-    Returns (batch, T, heads * head_dim).
-    """
-    batch, length, heads, head_dim = q.shape
-    kv_heads = keys.shape[1]
-    group = heads // kv_heads
-    # (batch, T, kv, group, d) -> (batch, kv, T * group, d): row t * group + g is query t of
-    # head kv * group + g.
-    q = q.view(batch, length, kv_heads, group, head_dim).permute(0, 2, 1, 3, 4)
-    q = q.reshape(batch, kv_heads, length * group, head_dim)
-    o = F.scaled_dot_product_attention(q, keys, values, attn_mask=folded_mask,
-                                       scale=head_dim**-0.5)
-    o = o.view(batch, kv_heads, length, group, head_dim).permute(0, 2, 1, 3, 4)
-    return o.reshape(batch, length, heads * head_dim)
-
-
-class ScaleDecoder(StaticDecoder):
-    """Chapter 3's StaticDecoder (preallocated cache, position on the device, one CUDA graph
-    per step), with `grouped_query_attention` in place of `repeat_interleave` + attention.
-
-    With 32 query heads on 8 key/value heads, repeating the cache costs a write and a read of
-    four copies of it per layer and step: little at batch 1, several times the weights'
-    bytes at batch 256. Everything else is the parent's: the same weights, the same steps.
-    """
-
-    def logits(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """StaticDecoder.logits, line for line, except the attention call."""
-        batch, length = input_ids.shape
-        h, kv = self.n_heads, self.n_kv_heads
-        x = F.embedding(input_ids, self.embed)
-        cos = self.cos.index_select(0, positions)[:, None, :]
-        sin = self.sin.index_select(0, positions)[:, None, :]
-        visible = self.slots[None, :] <= positions[:, None]
-        mask = torch.where(visible, 0.0, float("-inf")).to(x.dtype)
-        mask = fold_mask(mask, h // kv)  # once per step, shared by the layers
-        for i, w in enumerate(self.layers):
-            qkv = F.linear(rms_norm(x, w.input_norm, self.eps), w.qkv)
-            qkv = qkv.view(batch, length, h + 2 * kv, self.head_dim)
-            qk = qkv[:, :, : h + kv]
-            qk = qk * cos + rotate_half(qk) * sin
-            q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]
-            self.k_cache[i].index_copy_(2, positions, k.transpose(1, 2))
-            self.v_cache[i].index_copy_(2, positions, v.transpose(1, 2))
-            o = grouped_query_attention(q, self.k_cache[i], self.v_cache[i], mask)
-            x = x + F.linear(o, w.o)
-            gate, up = F.linear(rms_norm(x, w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w.down)
-        return F.linear(rms_norm(x[:, -1], self.norm, self.eps), self.lm_head)
+# At this size, in BF16, the fused attention kernel was faster on the H200 than transformers'
+# eager attention (two matmuls and a softmax, Chapter 3's choice for its FP32 model), and
+# Inductor's tuning made compilation several times longer for a few percent.
+OURS = {"attention": "sdpa", "tune": False}
 
 
 # Operators that allocate or relabel memory without launching a kernel.
@@ -299,10 +236,11 @@ def count_ops(fn: Callable[[], object]) -> collections.Counter:
     return counts
 
 
-def scale_decoder(model: LlamaForCausalLM, batch: int, capacity: int) -> ScaleDecoder:
-    """A ScaleDecoder whose state is ordinary tensors even under inference mode."""
+def scale_decoder(model: LlamaForCausalLM, batch: int, capacity: int) -> StaticDecoder:
+    """Chapter 3's StaticDecoder with this chapter's options (`OURS`), its state ordinary
+    tensors even under inference mode."""
     with torch.inference_mode(False), torch.no_grad():
-        return ScaleDecoder(model, batch, capacity)
+        return StaticDecoder(model, batch, capacity, **OURS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -561,32 +499,3 @@ def turning_batch(batches: list[int], step_seconds: list[float], *,
 def roofline_seconds(cost: rl.Workload, *, peak: float, bandwidth: float) -> float:
     """The roofline's floor for a step: the longer of moving its bytes and doing its FLOPs."""
     return max(cost.bytes / bandwidth, cost.flops / peak)
-
-
-# ---------------------------------------------------------------------------------------------
-# The ceilings, re-measured
-# ---------------------------------------------------------------------------------------------
-
-
-def copy_bandwidth(nbytes: int = 1 << 30, *, device, repeats: int = 20) -> tuple[float, Timing]:
-    """Chapter 1's memory ceiling: bytes/s of a device-to-device copy of `nbytes` (counting
-    the bytes read and the bytes written), and its timing."""
-    src = torch.randn(nbytes // 4, device=device)
-    dst = torch.empty_like(src)
-    timing = benchmark(lambda: dst.copy_(src), repeats=repeats)
-    return 2 * nbytes / (timing.median / 1e3), timing
-
-
-def matmul_peak(n: int = 8192, *, dtype: torch.dtype = torch.bfloat16, device,
-                repeats: int = 10) -> tuple[float, Timing]:
-    """Chapter 1's compute ceiling: FLOP/s of an n x n x n product, timed from CUDA-graph
-    replays over fresh inputs (a host clock on the CPU)."""
-    itemsize = torch.finfo(dtype).bits // 8
-    inputs = fresh_inputs(lambda: (torch.randn(n, n, device=device, dtype=dtype),
-                                   torch.randn(n, n, device=device, dtype=dtype)),
-                          2 * n * n * itemsize)
-    work = rl.matmul(f"{n}³", n, n, n, itemsize)
-    calls = max(len(inputs), 1 if work.flops >= 1e12 else 16)
-    timing = benchmark_graph(torch.matmul, calls=calls, inputs=inputs, repeats=repeats)
-    del inputs
-    return work.flops / (timing.median / 1e3), timing

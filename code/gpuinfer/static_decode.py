@@ -5,8 +5,8 @@ same shapes, the same scalars. Chapter 2's loop breaks all three every step: the
 grows (new shapes, reallocated memory), the position is a Python int baked into the launch,
 and each step's input is a fresh tensor. `StaticDecoder` fixes them:
 
-- the KV cache is preallocated at its full capacity, one tensor per keys and values, and
-  each step writes its key and value into slot `pos` with `index_copy_`;
+- the KV cache is preallocated at its full capacity, a keys and a values tensor per layer,
+  and each step writes its key and value into slot `pos` with `index_copy_`;
 - attention reads the whole cache with a mask that hides the slots past `pos`, so its
   shapes never change;
 - the position `pos` is a one-element tensor on the device, advanced in place;
@@ -19,7 +19,9 @@ hand with `torch.cuda.CUDAGraph` (`capture_graph`), or compiled with
 
 The math is the `transformers` Llama forward, written out on the model's own weights (only
 the stacked q/k/v and gate/up matrices are new tensors), so that in fp32 the tokens equal
-those of Chapter 2's loops.
+those of Chapter 2's loops. Attention is `attention`: grouped-query heads folded so that
+each key/value head is read once, computed either as transformers' eager attention (two
+matmuls and a softmax) or by `F.scaled_dot_product_attention`.
 """
 
 from __future__ import annotations
@@ -53,6 +55,51 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+ATTENTION = ("matmul", "sdpa")
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+              kernel: str = "matmul") -> torch.Tensor:
+    """Attention of `heads` query heads on `kv_heads` key/value heads (grouped-query).
+
+    q: (batch, T, heads, head_dim); keys, values: (batch, kv_heads, slots, head_dim); mask:
+    (T * group, slots), additive, from `fold_mask`. Query head j uses key/value head
+    j // group (group = heads // kv_heads), as transformers pairs them. Rather than repeating
+    every key/value head `group` times (a copy of the cache, every layer, every step), the
+    group's queries are folded into the query axis: key/value head h gets T x group queries,
+    and the cache is read once. Returns (batch, T, heads * head_dim).
+
+    kernel "matmul" is transformers' eager attention, op for op: q k^T times the scale, plus
+    the mask, softmax in fp32, times v. "sdpa" hands the same to
+    `F.scaled_dot_product_attention`, which picks a fused kernel (flash, memory-efficient or
+    cuDNN) by dtype and shape.
+    """
+    batch, length, heads, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    # (batch, T, kv, group, d) -> (batch, kv, T * group, d): row t * group + g is query t of
+    # head kv * group + g.
+    q = q.view(batch, length, kv_heads, group, head_dim).permute(0, 2, 1, 3, 4)
+    q = q.reshape(batch, kv_heads, length * group, head_dim)
+    if kernel == "matmul":
+        scores = torch.matmul(q, keys.transpose(2, 3)) * head_dim**-0.5 + mask
+        weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        o = torch.matmul(weights, values)
+    elif kernel == "sdpa":
+        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                           scale=head_dim**-0.5)
+    else:
+        raise ValueError(f"unknown attention kernel {kernel!r}; one of {ATTENTION}")
+    o = o.view(batch, kv_heads, length, group, head_dim).permute(0, 2, 1, 3, 4)
+    return o.reshape(batch, length, heads * head_dim)
+
+
+def fold_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """The (T, slots) mask of T queries, one row per folded query of `attention`:
+    (T * group, slots)."""
+    return mask.repeat_interleave(group, dim=0) if group > 1 else mask
+
+
 @dataclass
 class LayerWeights:
     """One decoder layer's weights. q, k, v are stacked into one matrix, and gate and up into
@@ -72,13 +119,21 @@ class StaticDecoder:
     `capacity` is the number of token slots: prompt plus new tokens must fit. All state is
     in tensors allocated once (`k_cache`, `v_cache`, `tokens`, `pos`), so every call of
     `decode_step` launches the same kernels on the same addresses.
+
+    `attention` picks the attention kernel (see `attention`). `tune` turns on Inductor's
+    coordinate-descent tuning of the block sizes of the kernels it generates, as gpt-fast
+    does: faster kernels for a longer compilation.
     """
 
-    def __init__(self, model: LlamaForCausalLM, batch: int, capacity: int):
+    def __init__(self, model: LlamaForCausalLM, batch: int, capacity: int, *,
+                 attention: str = "matmul", tune: bool = True):
         cfg, llama = model.config, model.model
         if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
             raise NotImplementedError("StaticDecoder covers Llamas without biases")
+        if attention not in ATTENTION:
+            raise ValueError(f"unknown attention kernel {attention!r}; one of {ATTENTION}")
         self.batch, self.capacity = batch, capacity
+        self.attention, self.tune = attention, tune
         self.n_heads, self.n_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = cfg.rms_norm_eps
@@ -100,10 +155,12 @@ class StaticDecoder:
         self.lm_head = model.lm_head.weight.detach()
         dev, dtype = self.lm_head.device, self.lm_head.dtype
 
-        cache_shape = (len(self.layers), batch, self.n_kv_heads, capacity, self.head_dim)
+        cache_shape = (batch, self.n_kv_heads, capacity, self.head_dim)
+        # One tensor per layer, not one for all: a compiled step then writes each new key in
+        # place, where a write into a slice of one big tensor costs a copy of all of it.
         # Zeros, not empty: masked slots get weight exactly 0, and 0 * NaN would be NaN.
-        self.k_cache = torch.zeros(cache_shape, device=dev, dtype=dtype)
-        self.v_cache = torch.zeros(cache_shape, device=dev, dtype=dtype)
+        self.k_cache = [torch.zeros(cache_shape, device=dev, dtype=dtype) for _ in self.layers]
+        self.v_cache = [torch.zeros(cache_shape, device=dev, dtype=dtype) for _ in self.layers]
         self.tokens = torch.zeros(batch, capacity, device=dev, dtype=torch.long)
         self.pos = torch.zeros(1, device=dev, dtype=torch.long)
         self.slots = torch.arange(capacity, device=dev)
@@ -120,8 +177,14 @@ class StaticDecoder:
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor a step reads or writes."""
         weights = [w for layer in self.layers for w in vars(layer).values()]
-        return weights + [self.embed, self.norm, self.lm_head, self.k_cache, self.v_cache,
-                          self.tokens, self.pos, self.slots, self.cos, self.sin]
+        return weights + self.k_cache + self.v_cache + [
+            self.embed, self.norm, self.lm_head, self.tokens, self.pos, self.slots, self.cos,
+            self.sin]
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of the preallocated keys and values, all layers."""
+        return sum(t.numel() * t.element_size() for t in self.k_cache + self.v_cache)
 
     def logits(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits of the last input position; writes the inputs' keys and values to the cache.
@@ -137,6 +200,7 @@ class StaticDecoder:
         # over the whole cache, made once per step and shared by the layers.
         visible = self.slots[None, :] <= positions[:, None]  # (T, capacity)
         mask = torch.where(visible, 0.0, float("-inf")).to(x.dtype)
+        mask = fold_mask(mask, h // kv)  # one row per folded query (see `attention`)
         for i, w in enumerate(self.layers):
             qkv = F.linear(rms_norm(x, w.input_norm, self.eps), w.qkv)
             qkv = qkv.view(batch, length, h + 2 * kv, self.head_dim)
@@ -145,13 +209,8 @@ class StaticDecoder:
             q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]
             self.k_cache[i].index_copy_(2, positions, k.transpose(1, 2))
             self.v_cache[i].index_copy_(2, positions, v.transpose(1, 2))
-            keys, values = self.k_cache[i], self.v_cache[i]
-            if kv != h:  # grouped-query attention: each key/value head serves h // kv heads
-                keys = keys.repeat_interleave(h // kv, dim=1)
-                values = values.repeat_interleave(h // kv, dim=1)
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
-                                               scale=self.head_dim**-0.5)
-            x = x + F.linear(o.transpose(1, 2).reshape(batch, length, h * self.head_dim), w.o)
+            o = attention(q, self.k_cache[i], self.v_cache[i], mask, self.attention)
+            x = x + F.linear(o, w.o)
             gate, up = F.linear(rms_norm(x, w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, w.down)
         return F.linear(rms_norm(x[:, -1], self.norm, self.eps), self.lm_head)
@@ -199,12 +258,16 @@ class StaticDecoder:
         self.pos.zero_()
         if how == "graph":  # the eager step's kernels, captured by hand
             return capture_graph(self.decode_step, warmup=3)[0].replay
+        tuning = {"coordinate_descent_tuning": self.tune}
         if how == "compiled":  # fused by Inductor, launched kernel by kernel
-            return torch.compile(self.decode_step, fullgraph=True)
+            return torch.compile(self.decode_step, fullgraph=True, options=tuning)
         if how == "compiled+graph":  # the fused kernels, captured by hand
             return capture_graph(self.step_function("compiled"), warmup=3)[0].replay
         if how == "reduce-overhead":  # fused, and graphed by cudagraph trees
-            compiled = torch.compile(self.decode_step, mode="reduce-overhead", fullgraph=True)
+            # mode="reduce-overhead" is the option triton.cudagraphs; spelled out, because
+            # torch.compile takes a mode or options, not both.
+            compiled = torch.compile(self.decode_step, fullgraph=True,
+                                     options={**tuning, "triton.cudagraphs": True})
 
             def step():
                 # Start a new cudagraph-trees generation: the previous step's outputs may
@@ -245,25 +308,29 @@ def capacity_for(prompt_len: int, new_tokens: int, multiple: int = 64) -> int:
 _decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def static_decoder(model: LlamaForCausalLM, batch: int, capacity: int) -> StaticDecoder:
-    """The StaticDecoder of `model` for this batch and capacity, built on first use and kept
-    while the model lives, with its graphs and compiled steps, like generate()'s static cache."""
+def static_decoder(model: LlamaForCausalLM, batch: int, capacity: int,
+                   **options) -> StaticDecoder:
+    """The StaticDecoder of `model` for this batch, capacity and `options` (attention, tune),
+    built on first use and kept while the model lives, with its graphs and compiled steps,
+    like generate()'s static cache."""
     per_model = _decoders.setdefault(model, {})
-    if (batch, capacity) not in per_model:
+    key = (batch, capacity, *sorted(options.items()))
+    if key not in per_model:
         # Ordinary tensors even if the caller is in inference mode: the state is written in
         # place by every later call, whatever mode that call runs in.
         with torch.inference_mode(False), torch.no_grad():
-            per_model[batch, capacity] = StaticDecoder(model, batch, capacity)
-    return per_model[batch, capacity]
+            per_model[key] = StaticDecoder(model, batch, capacity, **options)
+    return per_model[key]
 
 
-def decode_with(how: str):
-    """The decode variant that runs each step `how`: fn(model, prompt_ids, new_tokens)."""
+def decode_with(how: str, **options):
+    """The decode variant that runs each step `how`: fn(model, prompt_ids, new_tokens), on the
+    StaticDecoder made with `options` (attention, tune)."""
 
     def decode(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
         with torch.no_grad():
             capacity = capacity_for(prompt_ids.shape[1], new_tokens)
-            decoder = static_decoder(model, prompt_ids.shape[0], capacity)
+            decoder = static_decoder(model, prompt_ids.shape[0], capacity, **options)
             return decoder.generate(prompt_ids, new_tokens, how)
 
     decode.__name__ = decode.__qualname__ = "decode_" + how.replace("-", "_").replace("+", "_")
