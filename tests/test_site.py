@@ -1,7 +1,9 @@
 """What gpuinfer.sphinx_site adds to the built site: the spec table rendered from the package,
-the run times read from the recordings, alt text on figures, the download menu, and a page
-head without the theme's script errors. Checked in the HTML of the session's build."""
+the run times read from the recordings, alt text on figures, the download menu, a page head
+without the theme's script errors, and author-year labels on the references page. Checked in
+the HTML of the session's build."""
 
+import html
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -76,3 +78,32 @@ def test_download_menu_gets_the_recording_files():
     assert [b["text"] for b in group["buttons"]] == [
         ".md", ".ipynb (recorded)", "trace.json.gz", ".pdf"]
     assert group["buttons"][1]["url"] == "../_downloads/abc/01_roofline.ipynb"
+
+
+@pytest.mark.slow
+def test_references_are_labelled_by_author_and_year(built_book):
+    page = html.unescape(text_of((built_book / "book" / "references.html").read_text()))
+    page = re.sub(r"\[ (.*?) \]", r"[\1]", page)  # "[ label ]": the brackets are own spans
+    assert "[Williams et al., 2009]" in page and "[Okabe and Ito, 2008]" in page
+    assert "[PyTorch Contributors, n.d.-a]" in page and "[PyTorch Contributors, n.d.-b]" in page
+    assert not re.search(r"\[[A-Z][A-Za-z]{1,3}\+?\d\d\]", page), "an alpha label is left"
+
+
+def test_author_year_labels():
+    from pybtex.database import Entry, Person
+
+    from gpuinfer.sphinx_site import AuthorYearLabels
+
+    def entry(authors, year=None):
+        e = Entry("misc", fields={"year": year} if year else {})
+        for name in authors:
+            e.add_person(Person(name), "author")
+        return e
+
+    entries = [entry(["Williams, Samuel", "Waterman, Andrew", "Patterson, David"], "2009"),
+               entry(["Okabe, Masataka", "Ito, Kei"], "2008"), entry(["{NVIDIA}"], "2024"),
+               entry(["{NVIDIA}"], "2024"), entry(["Kaiser, {\\L}ukasz", "others"], "2017"),
+               entry(["{PyTorch Contributors}"])]
+    assert list(AuthorYearLabels().format_labels(entries)) == [
+        "Williams et al., 2009", "Okabe and Ito, 2008", "NVIDIA, 2024a", "NVIDIA, 2024b",
+        "Kaiser et al., 2017", "PyTorch Contributors, n.d."]
