@@ -19,9 +19,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from collections import Counter
+from pathlib import Path
 
 from docutils import nodes
 from pybtex.plugin import register_plugin
@@ -151,8 +150,7 @@ class AuthorYearLabels(BaseLabelStyle):
     an undated one, as APA writes it)."""
 
     def format_labels(self, sorted_entries):
-        entries = list(sorted_entries)
-        labels = [author_year(e) for e in entries]
+        labels = [author_year(e) for e in sorted_entries]
         total, seen = Counter(labels), Counter()
         for label in labels:
             seen[label] += 1
