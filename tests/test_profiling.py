@@ -20,6 +20,8 @@ Worked by hand:
   device-to-host copies 0.5; kernel time 20 + 10 + 20 + 5 + 8 = 63 -> 31.5 us per step.
 - GPU busy in [100, 280]: 100..110 (the prefill's add) + 135..160 (gemv and mul overlap,
   counted once) + 2 + 20 + 5 + 8 = 70 us -> 35 us per step, fraction 70 / 180 = 7 / 18.
+- GPU span of the steps' own work: 135 .. 270 = 135 us, 67.5 per step; busy in it 25 + 2 +
+  20 + 5 + 8 = 60 us, fraction 4 / 9; not queued ahead (step 2 ends at 280, after 135).
 """
 
 from pathlib import Path
@@ -56,6 +58,37 @@ def test_step_stats_match_the_hand_computed_values(trace):
     assert s.busy_us == pytest.approx(35)
     assert s.gpu_busy_fraction == pytest.approx(7 / 18)
     assert s.cpu_us_per_kernel == pytest.approx(90 / 2.5)
+    assert s.gpu_span_us == pytest.approx(67.5)
+    assert s.gpu_span_busy_fraction == pytest.approx(4 / 9)
+    assert not s.queued_ahead
+
+
+def test_gpu_span_of_steps_queued_ahead(trace):
+    # Delay the GPU side of the steps by 1 ms, as a head start does: the span and its busy
+    # fraction stay, and the host had queued every step before the GPU began.
+    shifted = 0
+    for e in trace["traceEvents"]:
+        if e.get("cat") in P.GPU_CATS and 130 <= float(e["ts"]) < 300:
+            e["ts"] = float(e["ts"]) + 1000
+            shifted += 1
+    assert shifted == 6
+    s = P.step_stats(trace)
+    assert s.queued_ahead
+    assert s.gpu_span_us == pytest.approx(67.5)
+    assert s.gpu_span_busy_fraction == pytest.approx(4 / 9)
+
+
+def test_step_kernels_and_their_plot(trace):
+    from gpuinfer.traceplot import plot_step_kernels, step_kernels
+
+    assert [e.name for e in step_kernels(trace, 1)] == [
+        "gemv2T_kernel", "vectorized_elementwise_kernel<mul>", "Memcpy DtoH (Device -> Pageable)"]
+    assert [e.name for e in step_kernels(trace, 2)] == [
+        "gemv2T_kernel", "vectorized_elementwise_kernel<mul>", "reduce_kernel<argmax>"]
+    with pytest.raises(ValueError):
+        step_kernels(trace, 3)
+    fig = plot_step_kernels({"a": trace, "b": trace}, step=2)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["b", "a"]
 
 
 def test_top_ops_attribute_kernels_to_the_op_that_launched_them(trace):

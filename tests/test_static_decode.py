@@ -147,6 +147,35 @@ def test_step_timing_and_profile(workload, tmp_path):
     assert step_stats(load_trace(path)).steps == 3 == step_stats(trace).steps
 
 
+def test_head_start_profile_on_the_cpu_is_a_plain_profile(workload):
+    from gpuinfer.profiling import step_stats
+
+    model, prompt, _ = workload
+    decoder = sd.static_decoder(model, 1, sd.capacity_for(32, 20))
+    stats = step_stats(sd.profile_steps(decoder, prompt, "eager", steps=2, warmup=0,
+                                        head_start=True))
+    assert stats.steps == 2
+    if not torch.cuda.is_available():  # no GPU work in the trace: nothing was queued ahead
+        assert stats.gpu_span_us == 0 and not stats.queued_ahead
+
+
+def test_pdl_is_a_compile_option_and_a_variant(workload):
+    model, prompt, reference = workload
+    decoder = sd.StaticDecoder(model, 1, 64, pdl=True)
+    assert decoder.compile_options() == {"coordinate_descent_tuning": True,
+                                         "triton.enable_pdl": True}
+    assert sd.StaticDecoder(model, 1, 64).compile_options()["triton.enable_pdl"] is False
+    # Inductor must know the option (a typo would only fail at compile time, on the GPU).
+    import torch._inductor.config as inductor_config
+    assert all(hasattr(inductor_config.triton, k.split(".")[1])
+               for k in decoder.compile_options() if k.startswith("triton."))
+    assert torch.equal(decoder.generate(prompt, 20), reference)  # eager: pdl changes nothing
+    v9 = sd.VARIANTS["V9 compiled step (PDL) + CUDA graph"]
+    assert v9 is sd.decode_compiled_graph_pdl
+    assert v9.__name__ == "decode_compiled_graph_pdl"
+    assert sd.decode_with("eager", attention="sdpa").__name__ == "decode_eager_attention_sdpa"
+
+
 def test_unknown_way_to_run_a_step(workload):
     model, _, _ = workload
     decoder = sd.static_decoder(model, 1, sd.capacity_for(32, 20))
@@ -177,7 +206,20 @@ def test_graphed_step_is_faster(workload):
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["compiled", "compiled+graph", "reduce-overhead"])
-def test_compiled_steps_give_the_reference_tokens(workload, how):
+@pytest.mark.parametrize("pdl", [False, True])
+def test_compiled_steps_give_the_reference_tokens(workload, how, pdl):
     model, prompt, reference = workload
-    assert torch.equal(sd.decode_with(how)(model, prompt, 20), reference)
-    assert torch.equal(sd.decode_with(how)(model, prompt, 20), reference)  # replay, no compile
+    assert torch.equal(sd.decode_with(how, pdl=pdl)(model, prompt, 20), reference)
+    # replay, no compile
+    assert torch.equal(sd.decode_with(how, pdl=pdl)(model, prompt, 20), reference)
+
+
+@pytest.mark.gpu
+def test_head_start_queues_every_graphed_step(workload):
+    from gpuinfer.profiling import step_stats
+
+    model, prompt, _ = workload
+    decoder = sd.static_decoder(model, 1, 128)
+    stats = step_stats(sd.profile_steps(decoder, prompt, "graph", steps=10, head_start=True))
+    assert stats.queued_ahead and stats.kernels > 0
+    assert 0 < stats.gpu_span_busy_fraction <= 1

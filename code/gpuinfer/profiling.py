@@ -244,6 +244,9 @@ class StepStats:
     kernel_us: float  # summed kernel durations, per step
     busy_us: float  # time the GPU was running something (overlaps counted once), per step
     gpu_busy_fraction: float  # busy time / wall time over the recorded steps
+    gpu_span_us: float  # the steps' GPU work, its first start to its last end, per step
+    gpu_span_busy_fraction: float  # time that work kept the GPU busy / that span
+    queued_ahead: bool  # the host had launched every step before the GPU started the first
 
     @property
     def cpu_us_per_kernel(self) -> float:
@@ -283,6 +286,11 @@ def step_stats(trace: dict, step_name: str = STEP) -> StepStats:
     Wall time runs from the first step's start on the CPU to the end of the last step's work,
     on the CPU or the GPU, whichever is later. The GPU counts as busy whenever any kernel or
     copy runs, whichever step launched it.
+
+    The GPU span looks at the GPU side alone: from the first kernel or copy the steps launched
+    to the end of the last, and how much of it they kept the GPU busy. Where the host queued
+    every step before the GPU began (`queued_ahead`), the host's pace, profiler overhead
+    included, cannot show in it: what idles the GPU there is the steps' own gaps.
     """
     w = _step_work(trace, step_name)
     n = len(w.steps)
@@ -293,6 +301,9 @@ def step_stats(trace: dict, step_name: str = STEP) -> StepStats:
     kernels = [e for e in w.gpu if e.cat == "kernel"]
     busy = _union_length([(max(e.ts, w.start), min(e.end, w.end))
                           for e in _events(trace, GPU_CATS) if e.end > w.start and e.ts < w.end])
+    gpu_start = min((e.ts for e in w.gpu), default=0.0)
+    span = max((e.end for e in w.gpu), default=0.0) - gpu_start
+    own_busy = _union_length([(e.ts, e.end) for e in w.gpu])
     return StepStats(
         steps=n,
         wall_us=wall / n,
@@ -308,6 +319,9 @@ def step_stats(trace: dict, step_name: str = STEP) -> StepStats:
         kernel_us=sum(e.dur for e in kernels) / n,
         busy_us=busy / n,
         gpu_busy_fraction=busy / wall if wall > 0 else 0.0,
+        gpu_span_us=span / n,
+        gpu_span_busy_fraction=own_busy / span if span > 0 else 0.0,
+        queued_ahead=bool(w.gpu) and w.steps[-1].end <= gpu_start,
     )
 
 
@@ -406,20 +420,14 @@ def kernel_table(trace: dict, step_name: str = STEP) -> list[KernelRow]:
     """The GPU kernels the decode steps launched (directly or through a CUDA graph), grouped
     by `kernel_name`, per step, largest total time first."""
     w = _step_work(trace, step_name)
-    rows: dict[str, list[float]] = {}
+    by_name: dict[str, list[Event]] = {}
     for e in w.gpu:
         if e.cat == "kernel":
-            row = rows.setdefault(e.name, [0, 0.0])
-            row[0] += 1
-            row[1] += e.dur
-    merged: dict[str, KernelRow] = {}
+            by_name.setdefault(kernel_name(e.name), []).append(e)
     k = len(w.steps)
-    for full, (calls, us) in rows.items():
-        short = kernel_name(full)
-        old = merged.get(short)
-        merged[short] = KernelRow(short, kernel_kind(full), calls / k + (old.calls if old else 0),
-                                  us / k + (old.us if old else 0.0))
-    return sorted(merged.values(), key=lambda r: -r.us)
+    rows = [KernelRow(name, kernel_kind(es[0].name), len(es) / k, sum(e.dur for e in es) / k)
+            for name, es in by_name.items()]
+    return sorted(rows, key=lambda r: -r.us)
 
 
 def time_by_kind(rows: list[KernelRow]) -> dict[str, float]:

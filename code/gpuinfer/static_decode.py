@@ -15,7 +15,9 @@ and each step's input is a fresh tensor. `StaticDecoder` fixes them:
 
 One decode step is then a fixed sequence of kernels on fixed buffers. It is captured by
 hand with `torch.cuda.CUDAGraph` (`capture_graph`), or compiled with
-`torch.compile(mode="reduce-overhead")`, which fuses it and graphs it.
+`torch.compile(mode="reduce-overhead")`, which fuses it and graphs it. Compiled with `pdl`,
+Inductor's kernels use Programmatic Dependent Launch (Hopper and later): each may start
+before the kernel ahead of it has finished, which hides the gap between two kernels of a graph.
 
 The math is the `transformers` Llama forward, written out on the model's own weights (only
 the stacked q/k/v and gate/up matrices are new tensors), so that in fp32 the tokens equal
@@ -37,9 +39,8 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 from gpuinfer.decode import _steps
-from gpuinfer.timing import capture_graph
 from gpuinfer.profiling import load_trace, save_trace
-from gpuinfer.timing import Timing, benchmark
+from gpuinfer.timing import Timing, benchmark, capture_graph
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -89,9 +90,14 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
         o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                            scale=head_dim**-0.5)
     else:
-        raise ValueError(f"unknown attention kernel {kernel!r}; one of {ATTENTION}")
+        _check_attention(kernel)
     o = o.view(batch, kv_heads, length, group, head_dim).permute(0, 2, 1, 3, 4)
     return o.reshape(batch, length, heads * head_dim)
+
+
+def _check_attention(kernel: str) -> None:
+    if kernel not in ATTENTION:
+        raise ValueError(f"unknown attention kernel {kernel!r}; one of {ATTENTION}")
 
 
 def fold_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
@@ -122,18 +128,18 @@ class StaticDecoder:
 
     `attention` picks the attention kernel (see `attention`). `tune` turns on Inductor's
     coordinate-descent tuning of the block sizes of the kernels it generates, as gpt-fast
-    does: faster kernels for a longer compilation.
+    does: faster kernels for a longer compilation. `pdl` turns on Programmatic Dependent
+    Launch for those kernels (see `compile_options`).
     """
 
     def __init__(self, model: LlamaForCausalLM, batch: int, capacity: int, *,
-                 attention: str = "matmul", tune: bool = True):
+                 attention: str = "matmul", tune: bool = True, pdl: bool = False):
         cfg, llama = model.config, model.model
         if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
             raise NotImplementedError("StaticDecoder covers Llamas without biases")
-        if attention not in ATTENTION:
-            raise ValueError(f"unknown attention kernel {attention!r}; one of {ATTENTION}")
+        _check_attention(attention)  # now, not at the first step
         self.batch, self.capacity = batch, capacity
-        self.attention, self.tune = attention, tune
+        self.attention, self.tune, self.pdl = attention, tune, pdl
         self.n_heads, self.n_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = cfg.rms_norm_eps
@@ -252,22 +258,34 @@ class StaticDecoder:
                 self.runners[how] = self._make_runner(how)
         return self.runners[how]
 
+    def compile_options(self) -> dict:
+        """The Inductor options the step is compiled with.
+
+        triton.enable_pdl (off by default in Inductor) makes every Triton kernel it generates
+        a Programmatic Dependent Launch: the kernel may be launched while the one before it
+        is still running, and waits (`griddepcontrol.wait`) before it touches memory that
+        kernel writes, so the launch overlaps the previous kernel's tail. It needs a Hopper or
+        later GPU (elsewhere Inductor ignores it), and library kernels (cuBLAS, cuDNN)
+        launch as before.
+        """
+        return {"coordinate_descent_tuning": self.tune, "triton.enable_pdl": self.pdl}
+
     def _make_runner(self, how: str):
         # Capture and compilation run decode_step a few times: start them from slot 0, so
         # that they stay inside the cache whatever state the last generation left.
         self.pos.zero_()
         if how == "graph":  # the eager step's kernels, captured by hand
             return capture_graph(self.decode_step, warmup=3)[0].replay
-        tuning = {"coordinate_descent_tuning": self.tune}
+        options = self.compile_options()
         if how == "compiled":  # fused by Inductor, launched kernel by kernel
-            return torch.compile(self.decode_step, fullgraph=True, options=tuning)
+            return torch.compile(self.decode_step, fullgraph=True, options=options)
         if how == "compiled+graph":  # the fused kernels, captured by hand
             return capture_graph(self.step_function("compiled"), warmup=3)[0].replay
         if how == "reduce-overhead":  # fused, and graphed by cudagraph trees
             # mode="reduce-overhead" is the option triton.cudagraphs; spelled out, because
             # torch.compile takes a mode or options, not both.
             compiled = torch.compile(self.decode_step, fullgraph=True,
-                                     options={**tuning, "triton.cudagraphs": True})
+                                     options={**options, "triton.cudagraphs": True})
 
             def step():
                 # Start a new cudagraph-trees generation: the previous step's outputs may
@@ -310,7 +328,7 @@ _decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def static_decoder(model: LlamaForCausalLM, batch: int, capacity: int,
                    **options) -> StaticDecoder:
-    """The StaticDecoder of `model` for this batch, capacity and `options` (attention, tune),
+    """The StaticDecoder of `model` for this batch, capacity and `options` (attention, tune, pdl),
     built on first use and kept while the model lives, with its graphs and compiled steps,
     like generate()'s static cache."""
     per_model = _decoders.setdefault(model, {})
@@ -325,7 +343,7 @@ def static_decoder(model: LlamaForCausalLM, batch: int, capacity: int,
 
 def decode_with(how: str, **options):
     """The decode variant that runs each step `how`: fn(model, prompt_ids, new_tokens), on the
-    StaticDecoder made with `options` (attention, tune)."""
+    StaticDecoder made with `options` (attention, tune, pdl)."""
 
     def decode(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
         with torch.no_grad():
@@ -333,7 +351,9 @@ def decode_with(how: str, **options):
             decoder = static_decoder(model, prompt_ids.shape[0], capacity, **options)
             return decoder.generate(prompt_ids, new_tokens, how)
 
-    decode.__name__ = decode.__qualname__ = "decode_" + how.replace("-", "_").replace("+", "_")
+    name = "_".join(["decode", how.replace("-", "_").replace("+", "_")]
+                    + [k if v is True else f"{k}_{v}" for k, v in sorted(options.items())])
+    decode.__name__ = decode.__qualname__ = name
     return decode
 
 
@@ -342,6 +362,8 @@ decode_cuda_graph = decode_with("graph")  # V5: the eager step captured by hand,
 decode_compiled = decode_with("compiled")  # V6: torch.compile, fused kernels, no graph
 decode_compiled_graph = decode_with("compiled+graph")  # V7: the compiled step captured by hand
 decode_reduce_overhead = decode_with("reduce-overhead")  # V8: torch.compile reduce-overhead
+# V9: V7 with Programmatic Dependent Launch: each kernel's launch overlaps the previous one
+decode_compiled_graph_pdl = decode_with("compiled+graph", pdl=True)
 
 VARIANTS = {
     "V4 static step": decode_static,
@@ -349,6 +371,7 @@ VARIANTS = {
     "V6 compiled step": decode_compiled,
     "V7 compiled step + CUDA graph": decode_compiled_graph,
     "V8 compiled step, reduce-overhead": decode_reduce_overhead,
+    "V9 compiled step (PDL) + CUDA graph": decode_compiled_graph_pdl,
 }
 
 
@@ -417,13 +440,27 @@ def step_timing(decoder: StaticDecoder, prompt_ids: torch.Tensor, how: str, *,
         return benchmark(step, warmup=warmup, repeats=repeats)
 
 
+# GPU clock cycles of the head start: about 50 ms at an H200's 1.98 GHz, far longer than the
+# host needs to launch 20 graph replays under the profiler (a few hundred µs each).
+HEAD_START_CYCLES = 100_000_000
+
+
 def profile_steps(decoder: StaticDecoder, prompt_ids: torch.Tensor, how: str,
-                  path: str | None = None, *, steps: int = 20, warmup: int = 3) -> dict:
+                  path: str | None = None, *, steps: int = 20, warmup: int = 3,
+                  head_start: bool = False) -> dict:
     """Profile `steps` decode steps run `how` (each marked like Chapter 2's loops, so that
-    `gpuinfer.profiling` reads them); return the Chrome trace, also written to `path` if given."""
+    `gpuinfer.profiling` reads them); return the Chrome trace, also written to `path` if given.
+
+    The profiler slows the host, a graph launch most of all, so that in its trace a short
+    graphed step waits for its own launch. With `head_start`, a sleep kernel first holds the
+    GPU (`HEAD_START_CYCLES`) while the host launches every step; the GPU then runs the steps
+    back to back, as it does at speed, and the trace's GPU lane shows the steps' own gaps
+    (`StepStats.queued_ahead` says whether the head start was long enough).
+    """
     step = decoder.step_function(how)
+    on_gpu = torch.cuda.is_available()
     activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
+    if on_gpu:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.no_grad():
         decoder.prefill(prompt_ids)
@@ -431,6 +468,8 @@ def profile_steps(decoder: StaticDecoder, prompt_ids: torch.Tensor, how: str,
             step()
         _sync()
         with torch.profiler.profile(activities=activities) as prof:
+            if head_start and on_gpu:
+                torch.cuda._sleep(HEAD_START_CYCLES)  # a spin kernel, from PyTorch's own tests
             for _ in _steps(range(steps)):
                 step()
             _sync()

@@ -4,7 +4,8 @@
 sharing one time axis: the decode steps, the ATen ops the Python code called (CPU), the CUDA
 API calls they made (CPU), and the kernels and copies that ran on the GPU. A second panel zooms
 into a short window, where single launches, the kernels they start (joined by a line, like
-Perfetto's flow arrows) and the idle gaps between them can be seen.
+Perfetto's flow arrows) and the idle gaps between them can be seen. `plot_step_kernels` puts
+the GPU lane of one step of several traces one above the other, to compare their gaps.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ _RULES = [  # first match wins; matched against the lower-cased name
     ("elementwise", ("mul", "add", "neg", "rsqrt", "silu", "pow", "sin", "cos", "elementwise",
                      "vectorized", "unrolled", "arange", "sub", "div", "where", "le")),
 ]
+
+IDLE = "#D7191C"  # the GPU running nothing, in plot_step_kernels
 
 LANES = ["decode step", "CPU: ATen ops", "CPU: CUDA API", "GPU: kernels"]
 
@@ -141,5 +144,51 @@ def plot_timeline(trace: dict, *, steps: int = 2, zoom: tuple[float, float] | No
             for e in events}
     handles = [Patch(color=c, label=k) for k, c in KINDS.items() if k in used]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4),
+               fontsize=8)
+    return fig
+
+
+def step_kernels(trace: dict, step: int = 2, step_name: str = P.STEP) -> list:
+    """The GPU work (kernels, copies) launched inside decode step number `step` (1-based)."""
+    w = P._step_work(trace, step_name)
+    if not 1 <= step <= len(w.steps):
+        raise ValueError(f"step {step} is not among the trace's {len(w.steps)} steps")
+    ranges = P._Ranges(w.steps)
+    target = w.steps[step - 1]
+    return [e for e in w.gpu if ranges.holding(w.launched_by[e.correlation]) is target]
+
+
+def plot_step_kernels(traces: dict[str, dict], *, step: int = 2, step_name: str = P.STEP,
+                      title: str | None = None):
+    """The GPU lane of one decode step of each trace, one row per trace, on a common time axis
+    (microseconds from the step's first kernel), with the time the GPU sat idle between the
+    step's kernels marked in red beneath it."""
+    fig, ax = plt.subplots(figsize=(7.5, 0.8 * len(traces) + 1.4))
+    used = set()
+    labels = list(traces)
+    for row, label in enumerate(labels):
+        y = len(labels) - 1 - row
+        work = sorted(step_kernels(traces[label], step, step_name), key=lambda e: e.ts)
+        for kind in {kind_of(e.name) for e in work}:
+            used.add(kind)
+            ax.broken_barh([(e.ts - work[0].ts, e.dur) for e in work if kind_of(e.name) == kind],
+                           (y - 0.2, 0.5), facecolors=KINDS[kind], linewidth=0,
+                           antialiased=False)
+        idle, busy_until = [], work[0].ts if work else 0.0
+        for e in work:
+            if e.ts > busy_until:
+                idle.append((busy_until - work[0].ts, e.ts - busy_until))
+            busy_until = max(busy_until, e.end)
+        ax.broken_barh(idle, (y - 0.36, 0.12), facecolors=IDLE, linewidth=0, antialiased=False)
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(list(reversed(labels)))
+    ax.set_ylim(-0.6, len(labels) - 0.4)
+    ax.set_xlim(left=0)
+    ax.set_xlabel(f"time (µs) from the first kernel of decode step {step}")
+    ax.grid(axis="y", visible=False)
+    ax.set_title(title or f"the GPU lane of decode step {step}", loc="left")
+    handles = [Patch(color=c, label=k) for k, c in KINDS.items() if k in used]
+    handles.append(Patch(color=IDLE, label="GPU idle"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5),
                fontsize=8)
     return fig
