@@ -29,7 +29,7 @@ from urllib.parse import unquote, urldefrag, urlsplit
 
 import pytest
 
-from gpuinfer.recordings import toc_files
+from gpuinfer.publish.recordings import toc_files
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import jupyter_book_build
-from gpuinfer import record, recordings
+from gpuinfer.publish import record, recordings
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "fixtures" / "book"
@@ -116,12 +116,15 @@ def test_fixture_builds_from_recordings_and_previews_the_rest(tmp_path):
     assert executed(log) == [str(ch_b)]
     assert "book/ch_a.md: Using cached notebook" in log
     [warning] = sphinx_warnings(log)
-    assert "chapter ch_b" in warning and "python -m gpuinfer.record ch_b" in warning
+    assert "chapter ch_b" in warning and "python -m gpuinfer.publish.record ch_b" in warning
     a = page(html, "book/ch_a")
-    assert "CPU smoke recording: these outputs are not GPU results" in a  # the provenance box
+    assert "A CPU smoke run, not GPU results" in a  # the provenance box
     assert "ch_a.ipynb" in a and "trace.json.gz" in a  # download links
     assert "The answer is 45" in re.sub(r"<[^>]+>", "", a)  # a glued number
     assert len(images(html, "book/ch_a")) == 1  # the recorded figure
+    results_page = re.sub(r"<[^>]+>", "", page(html, "book/results"))
+    assert "V0 fixture" in results_page and "V9 fixture" in results_page  # read back
+    assert "a CPU smoke run, not GPU results" in results_page
     assert "CPU preview: these outputs are not GPU results" in page(html, "book/ch_b")
     assert git(root, "status", "--porcelain") == ""
 
@@ -144,3 +147,18 @@ def test_fixture_builds_from_recordings_and_previews_the_rest(tmp_path):
     assert "Traceback" not in log
     assert "CPU preview: these outputs are not GPU results" in page(html, "book/ch_a")
     assert git(root, "status", "--porcelain") == ""
+
+    # 4. valid JSON, damaged inside (a figure that is not base64): the same, and the rest
+    # of the book is built
+    assert record.main(["--root", str(root), "--allow-cpu", "ch_a"]) == 0
+    rec = root / "book" / "_recorded" / "ch_a.ipynb"
+    damaged = re.sub(r'"image/png": "[^"]*"', '"image/png": "not base64!"', rec.read_text())
+    assert "not base64!" in damaged
+    rec.write_text(damaged)
+    commit_all(root)
+    log = jupyter_book_build(root).log  # the preview of step 3 is still in the cache
+    [warning] = sphinx_warnings(log)
+    assert "book/_recorded/ch_a.ipynb is unreadable" in warning and "not base64" in warning
+    assert "Traceback" not in log and "binascii" not in log
+    assert "CPU preview" in page(html, "book/ch_a") and "CPU preview" not in page(html,
+                                                                                   "book/ch_b")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuinfer.recordings import chapters, read_chapter
+from gpuinfer.publish.recordings import chapters, read_chapter
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = chapters(ROOT)
@@ -49,3 +49,15 @@ def test_chapter_runs_in_smoke_mode(chapter, tmp_path, monkeypatch):
     text = output_text(nb)
     assert "Smoke mode: no CUDA device" in text, "the smoke-mode warning must be visible"
     assert not list(CHAPTERS[chapter].parent.glob("*.ipynb")), "chapter wrote into book/"
+
+
+HIDDEN = {"remove-input", "remove-cell", "hide-input"}  # cells whose code the page hides
+
+
+@pytest.mark.parametrize("chapter", list(CHAPTERS))
+def test_shown_code_fits_the_column(chapter):
+    """The page's code column is 88 characters: a longer line scrolls sideways."""
+    long = [f"cell {i}: {line}" for i, cell in enumerate(read_chapter(CHAPTERS[chapter]).cells)
+            if cell.cell_type == "code" and not HIDDEN & set(cell.metadata.get("tags", []))
+            for line in cell.source.splitlines() if len(line) > 88]
+    assert not long, f"{chapter}: lines over 88 characters:\n" + "\n".join(long)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gpuinfer import compare
+from gpuinfer.publish import compare
 
 GLUE = "application/papermill.record/text/plain"
 

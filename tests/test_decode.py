@@ -3,17 +3,15 @@
 import pytest
 import torch
 
-from gpuinfer import decode
-from gpuinfer.llama import build_model, random_prompt, tiny_llama_config
+from gpuinfer import decode, steps
+from gpuinfer.llama import build_model, model_config, random_prompt
 
 NEW_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
 def model():
-    config = tiny_llama_config(vocab_size=512, hidden_size=64, intermediate_size=172,
-                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4)
-    return build_model(config, seed=0)
+    return build_model(model_config("toy", vocab_size=512), seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +37,8 @@ def test_every_fp32_variant_is_bit_exact(name, model, prompt, reference):
 
 
 def test_the_workload_size_is_bit_exact_too():
-    """The chapter's model shape (vocab 32000, 4 layers), a few tokens: cached == naive."""
-    config = tiny_llama_config()
+    """The tiny model's shape (vocab 32000, 4 layers), a few tokens: cached == naive."""
+    config = model_config("tiny")
     model = build_model(config, seed=0)
     prompt = random_prompt(config, 32)
     ref = decode.decode_naive(model, prompt, 6)
@@ -68,21 +66,23 @@ def test_lean_leaves_no_inference_tensors(model, prompt):
     assert not out.is_inference()
 
 
+def step_times_ms(fn, model, prompt, n):
+    with steps.step_clock() as clock:
+        fn(model, prompt, n)
+    return clock.times_ms()
+
+
 def test_step_clock_times_every_decode_step(model, prompt):
-    times = decode.step_times_ms(decode.decode_no_sync, model, prompt, 5)
+    times = step_times_ms(decode.decode_no_sync, model, prompt, 5)
     assert len(times) == 4 and all(t > 0 for t in times)  # the prefill is not a step
-    times = decode.step_times_ms(decode.decode_naive, model, prompt, 5)
+    times = step_times_ms(decode.decode_naive, model, prompt, 5)
     assert len(times) == 5
-    assert decode._step_marks is None  # the clock is off again
+    assert not steps.clock_running()  # the clock is off again
 
 
-def test_time_decode_returns_a_timing(model, prompt):
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        t = decode.time_decode(decode.decode_no_sync, model, prompt, 4, repeats=2, warmup=0)
-    assert t.repeats == 2 and t.median > 0
+def test_stock_generate_gives_the_reference_tokens(model, prompt, reference):
+    for fn in decode.BASELINES.values():
+        assert torch.equal(fn(model, prompt, NEW_TOKENS), reference), fn.__name__
 
 
 def test_bf16_copy_leaves_the_model_alone(model):
@@ -91,9 +91,20 @@ def test_bf16_copy_leaves_the_model_alone(model):
     assert model.lm_head.weight.dtype == torch.float32
 
 
-def test_lean_refuses_attention_without_a_causal_flag():
-    config = tiny_llama_config(vocab_size=64, hidden_size=32, intermediate_size=64,
-                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
-    model = build_model(config, attn_implementation="eager")
-    with pytest.raises(ValueError, match="SDPA"):
+def test_lean_refuses_attention_it_cannot_mask():
+    config = model_config("toy", vocab_size=64, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+    model = build_model(config, attn_implementation="flex_attention")
+    with pytest.raises(ValueError, match="SDPA or eager attention, not 'flex_attention'"):
         decode.decode_lean(model, random_prompt(config, 4), 2)
+
+
+@pytest.mark.parametrize("name", list(decode.VARIANTS) + list(decode.BASELINES))
+def test_eager_attention_is_bit_exact_too(name):
+    """Chapters 2 and 3 run transformers' eager attention: every loop still gives V0's
+    tokens (the lean loop writes the prompt's causal mask out)."""
+    model = build_model(model_config("toy", vocab_size=512), seed=0,
+                        attn_implementation="eager")
+    prompt = random_prompt(model.config, 16, batch=2, seed=3)
+    fn = decode.VARIANTS.get(name) or decode.BASELINES[name]
+    assert torch.equal(fn(model, prompt, 12), decode.decode_naive(model, prompt, 12))

@@ -52,3 +52,9 @@ def test_full_sweep_on_the_gpu():
     assert {p.mode for p in points} == {"eager", "compiled", "graph"}
     compiled = [p for p in points if p.mode == "compiled"]
     assert all(p.compile_s is not None and p.compile_s > 0 for p in compiled)
+
+
+def test_count_ops():
+    x = torch.randn(4, 4)
+    counts = launch.count_ops(lambda: (x.t() @ x).reshape(16).relu())  # t, reshape: views
+    assert counts == {"aten::mm": 1, "aten::relu": 1}

@@ -78,3 +78,27 @@ def test_bandwidth_labels_do_not_overlap():
         inside = ax.get_window_extent(renderer)
         assert all(inside.contains(b.x0, b.y0) and inside.contains(b.x1, b.y1) for b in boxes)
         plt.close(fig)
+
+
+def test_bytes_plot_labels_each_point_with_its_fraction_of_the_line():
+    ax = plots.bytes_plot({"bf16": (2.5e9, 1000.0), "int8": (1.25e9, 1600.0)},
+                          bandwidth=4e12)
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == ["bf16 (62 %)", "int8 (50 %)"]  # 1000 x 2.5 GB = 2.5 TB/s of 4
+    line = ax.lines[0]
+    x, y = line.get_xdata(), line.get_ydata()
+    assert abs(x[0] * 1e9 * y[0] - 4e12) < 1e3  # tokens/s x bytes = the bandwidth
+    assert ax.get_xscale() == "log" and "copy rate" in ax.get_legend().get_texts()[0].get_text()
+    plt.close(ax.figure)
+
+
+def test_plain_log_ticks_never_print_exponents():
+    fig, ax = plt.subplots()
+    ax.plot([0.05, 2e6], [1, 2])
+    ax.set_xscale("log")
+    plots.plain_log_ticks(ax, "x")
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert "0.1" in labels and "1,000,000" in labels and "20" in labels
+    assert not any("e" in label or "×" in label for label in labels)
+    plt.close(fig)

@@ -1,4 +1,5 @@
-"""The record command (`python -m gpuinfer.record`) and the recording status, on a fixture book.
+"""The record command (`python -m gpuinfer.publish.record`) and the recording status, on a
+fixture book.
 
 tests/fixtures/book has two tiny chapters: ch_a (a figure, a glued number, a JSON artifact)
 and ch_b (one cell). On this CPU machine they are recorded with --allow-cpu, as smoke
@@ -7,17 +8,19 @@ recordings, into a copy of the fixture under tmp_path; the real book is never to
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from gpuinfer import record, recordings
+from gpuinfer.publish import record, recordings
 
 FIXTURE = Path(__file__).parent / "fixtures" / "book"
 FAILING_CELL = "\n```{code-cell} ipython3\nratio = 1 / 0\n```\n"
@@ -61,18 +64,44 @@ def test_no_cuda_is_refused_without_the_flag(capsys, monkeypatch):
     assert "no CUDA device" in err and "--allow-cpu" in err
 
 
-def test_missing_dependency_says_how_to_install(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "nbclient", None)  # makes `import nbclient` fail
+@pytest.mark.parametrize("module, package", [("nbclient", "nbclient"), ("yaml", "pyyaml"),
+                                             ("torch", "torch"), ("myst_nb", "myst-nb")])
+def test_missing_dependency_says_how_to_install(capsys, monkeypatch, module, package):
+    monkeypatch.setitem(sys.modules, module, None)  # makes `import <module>` fail
     assert record.main(["--root", str(FIXTURE), "--allow-cpu", "ch_b"]) == 2
     err = capsys.readouterr().err
-    assert "nbclient" in err and "pip install -r requirements.txt" in err
+    assert f"missing Python packages: {package}." in err
+    assert "pip install -r requirements.txt" in err
+
+
+def test_root_without_a_toc_is_a_usage_error(capsys, tmp_path):
+    assert record.main(["--root", str(tmp_path), "--allow-cpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"--root {tmp_path}: no _toc.yml there" in err and "Traceback" not in err
+
+
+def test_outside_a_book_is_a_usage_error(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert record.main(["--allow-cpu"]) == 2
+    assert f"{tmp_path} is not inside a book" in capsys.readouterr().err
+
+
+def test_an_unwritable_recordings_folder_is_found_before_running(capsys, tmp_path):
+    root = copy_book(tmp_path / "book")
+    (root / "book" / "_recorded").write_text("a file where the folder should be")
+    start = time.perf_counter()
+    assert record.main(["--root", str(root), "--allow-cpu", "ch_b"]) == 2
+    assert time.perf_counter() - start < 5, "the chapter must not have run first"
+    captured = capsys.readouterr()
+    assert f"cannot write recordings into {root / 'book' / '_recorded'}" in captured.err
+    assert "cell 1/" not in captured.out and "Traceback" not in captured.err
 
 
 def test_chapter_names_resolve_by_stem_path_or_prefix():
     chosen = record.select_chapters(FIXTURE, ["book/ch_a.md", "ch_b"])
     assert list(chosen) == ["ch_a", "ch_b"]
-    with pytest.raises(record.UsageError, match="ch_a, ch_b"):
-        record.select_chapters(FIXTURE, ["ch"])  # ambiguous prefix
+    with pytest.raises(record.UsageError, match="'ch' is ambiguous: it starts ch_a, ch_b"):
+        record.select_chapters(FIXTURE, ["ch"])
 
 
 # --- what a chapter's recording depends on -------------------------------------------------
@@ -102,22 +131,87 @@ def test_status_of_a_missing_and_a_corrupt_recording(tmp_path):
     assert recordings.status(root, "ch_b").state == "corrupt"
 
 
+@pytest.mark.parametrize("damage, reason", [
+    (lambda out: out["data"].update({"image/png": "not base64 at all!"}),
+     "cell 1, output 1: its image/png is not base64"),
+    (lambda out: out.pop("data"), "cell 1, output 1: a display_data output without 'data'"),
+])
+def test_a_recording_damaged_inside_is_corrupt(recorded, tmp_path, damage, reason):
+    root = Path(shutil.copytree(recorded, tmp_path / "book"))
+    path = root / "book" / "_recorded" / "ch_a.ipynb"
+    nb = json.loads(path.read_text())
+    figure = next(out for cell in nb["cells"] for out in cell.get("outputs", [])
+                  if "image/png" in out.get("data", {}))
+    nb["cells"] = [{"cell_type": "code", "source": "", "metadata": {}, "outputs": [figure]}] \
+        + nb["cells"]
+    damage(figure)
+    path.write_text(json.dumps(nb))
+    st = recordings.status(root, "ch_a", accept_cpu=True)
+    assert st.state == "corrupt" and reason in st.reason
+
+
+# --- which book is recorded ---------------------------------------------------------------
+
+@pytest.mark.slow
+def test_records_into_the_book_of_the_current_directory(tmp_path, monkeypatch, capsys):
+    """Not into the checkout the package was installed from: a second clone records into
+    itself, and names the file it wrote."""
+    other = copy_book(tmp_path / "clone_b")
+    monkeypatch.chdir(other / "book")  # inside the book: its root is found above
+    assert record.main(["--allow-cpu", "ch_b"]) == 0
+    written = other / "book" / "_recorded" / "ch_b.ipynb"
+    assert written.is_file()
+    assert f"wrote {written.resolve()}" in capsys.readouterr().out
+    assert not (FIXTURE / "book" / "_recorded").exists(), "the fixture itself was written"
+
+
+# --- scratch folders ------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_no_scratch_folder_is_left_and_stale_ones_are_removed(tmp_path, monkeypatch):
+    from gpuinfer import env
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a process that has ended: its folder is stale
+    stale = scratch / f"{env.SCRATCH_PREFIX}{dead.pid}-record-ch_b-x1"
+    stale.mkdir()
+    live = scratch / f"{env.SCRATCH_PREFIX}{os.getppid()}-record-ch_b-x2"  # a live one
+    live.mkdir()
+    root = copy_book(tmp_path / "book")
+    assert record.main(["--root", str(root), "--allow-cpu", "ch_b"]) == 0
+    assert sorted(p.name for p in scratch.iterdir() if p.name.startswith("gpuinfer")) == [
+        live.name]
+
+
 # --- recording on the CPU: labelled smoke, rejected ----------------------------------------
 
 @pytest.mark.slow
 def test_cpu_recording_is_labelled_smoke_and_rejected(recorded):
     meta = recordings.read_provenance(recorded / "book" / "_recorded" / "ch_a.ipynb")
     assert meta["smoke"] is True and meta["gpu"] is None
-    assert meta["modules"].keys() == {"__init__.py", "env.py", "plots.py"}
+    assert meta["modules"].keys() == {"__init__.py", "env.py", "plots.py", "results.py",
+                                      "timing.py"}  # what ch_a imports, nothing else
     st = recordings.status(recorded, "ch_a")
     assert st.state == "cpu" and "CPU smoke recording" in st.message
-    assert "python -m gpuinfer.record ch_a" in st.message
+    assert "python -m gpuinfer.publish.record ch_a" in st.message
     assert recordings.status(recorded, "ch_a", accept_cpu=True).fresh
     # the JSON trace the chapter wrote is kept beside the recording, gzipped
     assert (recorded / "book" / "_recorded" / "ch_a" / "trace.json.gz").is_file()
     nb = json.loads((recorded / "book" / "_recorded" / "ch_a.ipynb").read_text())
     assert any("image/png" in out.get("data", {}) for c in nb["cells"]
                for out in c.get("outputs", []))
+
+
+def test_recorded_on_names_the_gpu_or_warns_of_a_cpu_run():
+    gpu = {"smoke": False, "gpu": "NVIDIA H200", "date": "2026-12-01 09:33 UTC"}
+    assert recordings.recorded_on(gpu) == "recorded on an NVIDIA H200, 2026-12-01 09:33 UTC"
+    cpu = {"smoke": True, "gpu": None, "date": "2026-12-01 09:33 UTC"}
+    assert recordings.recorded_on(cpu) == (
+        "a CPU smoke run, not GPU results, 2026-12-01 09:33 UTC")
 
 
 @pytest.mark.slow
@@ -130,11 +224,26 @@ def test_prose_edits_keep_a_recording_and_code_or_package_edits_stale_it(book, t
     assert st.state == "stale" and "code cells changed" in st.message
 
     pkg = Path(shutil.copytree(recordings.PACKAGE_DIR, tmp_path / "gpuinfer"))
-    (pkg / "timing.py").write_text("# not imported by ch_a\n")
+    (pkg / "scale.py").write_text("# not imported by ch_a\n")
     assert recordings.status(book, "ch_a", accept_cpu=True, package_dir=pkg).fresh
-    (pkg / "plots.py").write_text((pkg / "plots.py").read_text() + "\n# changed\n")
+    plots = pkg / "plots.py"
+    source = plots.read_text()
+    assert source.startswith('"""') and "SMALL_TEXT = 8.5" in source
+    plots.write_text(source.replace('"""', '"""A docstring edited. ', 1) + "\n# a comment\n")
+    assert recordings.status(book, "ch_a", accept_cpu=True, package_dir=pkg).fresh
+    plots.write_text(source.replace("SMALL_TEXT = 8.5", "SMALL_TEXT = 9.5", 1))  # a constant
     st = recordings.status(book, "ch_a", accept_cpu=True, package_dir=pkg)
     assert st.state == "stale" and "gpuinfer/plots.py" in st.message
+
+
+def test_a_module_hashes_as_parsed_without_docstrings_or_comments():
+    code = 'def f(x):\n    return x + 1\n'
+    documented = ('"""A module."""\n# why\ndef f(x):\n    """Add one."""\n'
+                  '    return x + 1  # one\n\n')
+    assert recordings.source_hash(code) == recordings.source_hash(documented)
+    assert recordings.source_hash(code) != recordings.source_hash(code.replace("1", "2"))
+    assert recordings.source_hash(code) != recordings.source_hash(code.replace("x +", "-x +"))
+    assert recordings.source_hash("x = (") != recordings.source_hash("x = [")  # no parse
 
 
 # --- nothing is lost ---------------------------------------------------------------------
@@ -169,7 +278,8 @@ def test_interrupt_or_kill_keeps_the_previous_recording(book, tmp_path, sig):
         "pathlib.Path(os.environ['KERNEL_PID_FILE']).write_text(str(os.getpid()))\n"
         "time.sleep(120)\n```\n"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuinfer.record", "--root", str(book), "--allow-cpu", "ch_b"],
+        [sys.executable, "-m", "gpuinfer.publish.record", "--root", str(book), "--allow-cpu",
+         "ch_b"],
         env={**os.environ, "KERNEL_PID_FILE": str(pid_file)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -189,7 +299,11 @@ def test_interrupt_or_kill_keeps_the_previous_recording(book, tmp_path, sig):
                 pass
     assert proc.returncode != 0
     if sig == signal.SIGINT:
-        assert proc.returncode == 130 and "Interrupted" in out
+        assert proc.returncode == 130 and "Interrupted after" in out
+        for noise in ("Traceback", "ZMQError", "AssertionError"):
+            assert noise not in out, out
+        seconds = float(re.search(r"\| ch_b \| interrupted \| ([\d.]+) \|", out).group(1))
+        assert seconds > 0
     assert rec.read_bytes() == before
     assert no_scratch_files(book)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuinfer import record, recordings
+from gpuinfer.publish import record, recordings
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = list(recordings.chapters(ROOT))

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from gpuinfer import timing
-from gpuinfer.timing import HostClockWarning, Timing, benchmark
+from gpuinfer.timing import (HostClockWarning, Rounds, Timing, benchmark, decode_rounds,
+                             interleaved_rounds)
+
+
+def test_wall_seconds_returns_the_result_and_its_time():
+    out, seconds = timing.wall_seconds(lambda: 3)
+    assert out == 3 and seconds >= 0
 
 
 def test_timing_statistics():
@@ -83,22 +89,69 @@ def test_fresh_inputs_exceed_the_cache():
     assert len(timing.fresh_inputs(lambda: (0,), 1, max_sets=7)) == 7
 
 
-def test_profiled_kernel_times_cpu():
-    x = torch.randn(1 << 16)
-    times = timing.profiled_kernel_ms(lambda: x * 2.0, repeats=4, warmup=1)
-    assert len(times) >= 4 and all(t > 0 for t in times)
-
-
-@pytest.mark.gpu
-def test_events_agree_with_profiler_on_gpu():
-    x = torch.randn(1 << 28, device="cuda")
-    event = benchmark(lambda: x * 2.0, repeats=20).median
-    profiled = sorted(timing.profiled_kernel_ms(lambda: x * 2.0, repeats=20))
-    assert abs(event - profiled[len(profiled) // 2]) / event < 0.05
-
-
 @pytest.mark.gpu
 def test_graph_benchmark_on_gpu():
     x = torch.randn(1 << 20, device="cuda")
     t = timing.benchmark_graph(lambda: x.mul_(1.0), calls=10, repeats=5)
     assert t.clock == "cuda-graph" and t.median > 0
+
+
+def test_interleaved_rounds_rotate_the_order(monkeypatch):
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    with pytest.warns(HostClockWarning):
+        rounds = interleaved_rounds(fns, rounds=3, warmup=1, per_call=2)
+    assert calls == list("abc") + list("abc") + list("bca") + list("cab")
+    assert rounds.names == ["a", "b", "c"] and rounds.rounds == 3
+    assert rounds["a"].repeats == 3 and rounds["a"].clock == "host"
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        interleaved_rounds(fns, rounds=0)
+
+
+def test_interleaved_rounds_divide_by_the_work_per_call(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+
+    def takes(ms):
+        def fn():
+            now[0] += ms / 1e3
+        return fn
+
+    with pytest.warns(HostClockWarning):
+        rounds = interleaved_rounds({"slow": takes(40), "fast": takes(10)}, rounds=2,
+                                    warmup=0, per_call=10)
+    assert rounds.times_ms["slow"] == pytest.approx((4.0, 4.0))
+    assert rounds.times_ms["fast"] == pytest.approx((1.0, 1.0))
+
+
+def test_separated_spreads_give_a_ratio():
+    rounds = Rounds({"new": (1.0, 1.1, 1.05), "old": (4.0, 4.2, 3.9)}, "cuda-event")
+    c = rounds.compare("new", "old")
+    assert c.separated and c.faster and c.ratio == pytest.approx(4.0 / 1.05)
+    assert (c.low, c.high) == (pytest.approx(3.9 / 1.05), pytest.approx(4.0))
+    assert c.words == "3.81× faster"
+    assert c.sentence() == "new is 3.81× faster than old (3.71–4× over 3 rounds)"
+    slower = rounds.compare("old", "new")
+    assert slower.words == "3.81× slower" and not slower.faster
+    assert slower.range == "3.71–4× over 3 rounds"
+
+
+def test_overlapping_spreads_are_the_same_within_noise():
+    rounds = Rounds({"a": (1.0, 1.3, 1.05), "b": (1.2, 1.1, 1.25)}, "cuda-event")
+    c = rounds.compare("a", "b")
+    assert not c.separated and not c.faster
+    assert c.words == "the same within this run's noise"
+    assert c.sentence("A", "B").startswith("A and B take the same time within this run's noise")
+
+
+def test_decode_rounds_subtract_the_first_token(monkeypatch):
+    # A fake generation of n tokens that takes 10 ms of prefill and 2 ms per further token.
+    now = [0.0]
+    monkeypatch.setattr("gpuinfer.timing.time.perf_counter", lambda: now[0])
+
+    def fake(prompt, n):
+        now[0] += (10 + 2 * (n - 1)) / 1e3
+
+    per_token, ttft = decode_rounds({"fake": fake}, None, 11, rounds=3)
+    assert per_token["fake"].median == pytest.approx(2.0)
+    assert ttft["fake"].median == pytest.approx(10.0)

@@ -16,100 +16,30 @@ work and, in FP32, must produce exactly the same tokens.
   `LlamaForCausalLM.forward` (mask construction, rotary recomputation, output objects), with a
   preallocated KV buffer and a precomputed rotary table.
 - V3, the precision ablation, is the fastest of these run on `bf16_copy(model)`.
+- `decode_generate`, `decode_generate_static`: stock `transformers` `generate()`, greedy,
+  EOS ignored, with its default dynamic cache and with `cache_implementation="static"`:
+  the baselines a reader would pick.
 
-Each loop iterates over `_steps(...)`, which marks every decode step for the profiler
-(`record_function("decode_step")`, only while a profiler is running) and for `step_clock`.
+Each loop iterates over `gpuinfer.steps.decode_steps(...)`, which marks every decode step
+for the profiler and for `step_clock`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import inspect
-import time
 from typing import Callable
 
 import torch
 from transformers import DynamicCache, StaticCache
 
-from gpuinfer.timing import Timing, benchmark
+from gpuinfer.llama import head_dim
+from gpuinfer.steps import annotate, decode_steps
 
 DecodeFn = Callable[[torch.nn.Module, torch.Tensor, int], torch.Tensor]
 
-# --------------------------------------------------------------------------------------------
-# Step markers: profiler annotations and per-step timestamps
-# --------------------------------------------------------------------------------------------
 
-_step_marks: list | None = None  # set by step_clock(): one timestamp per step boundary
-
-
-def _timestamp():
-    """A CUDA event recorded on the current stream (no sync), or the host clock on the CPU."""
-    if torch.cuda.is_available():
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-    return time.perf_counter()
-
-
-@contextlib.contextmanager
-def _annotate(name: str):
-    """A named range in the profiler trace, only while a profiler is recording."""
-    if torch.autograd._profiler_enabled():
-        with torch.profiler.record_function(name):
-            yield
-    else:
-        yield
-
-
-def _steps(indices: range, name: str = "decode_step"):
-    """Iterate over decode steps, marking each one for the profiler and for step_clock."""
-    for i in indices:
-        if _step_marks is not None:
-            _step_marks.append(_timestamp())
-        with _annotate(name):
-            yield i
-    if _step_marks is not None:
-        _step_marks.append(_timestamp())
-
-
-class StepTimes:
-    """Timestamps of the step boundaries of the decode loops run inside `step_clock()`."""
-
-    def __init__(self):
-        self.marks: list = []
-
-    def times_ms(self) -> list[float]:
-        """Duration of every decode step, in ms (CUDA events: GPU timeline; else host clock)."""
-        if len(self.marks) < 2:
-            return []
-        if isinstance(self.marks[0], float):
-            return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
-        torch.cuda.synchronize()
-        return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
-
-
-@contextlib.contextmanager
-def step_clock():
-    """Record a timestamp at every decode-step boundary of the one decode call run inside.
-
-    On the GPU the timestamps are CUDA events: recording one does not synchronize, so the
-    loop runs as it would without the clock (one extra `cudaEventRecord` per step).
-    """
-    global _step_marks
-    clock = StepTimes()
-    _step_marks = clock.marks
-    try:
-        yield clock
-    finally:
-        _step_marks = None
-
-
-# --------------------------------------------------------------------------------------------
-# The variants
-# --------------------------------------------------------------------------------------------
-
-
-def _cache_kwarg(module: torch.nn.Module) -> str:
+def cache_kwarg(module: torch.nn.Module) -> str:
     """The KV-cache argument's name: `cache` in newer transformers (5.24), else `past_key_values`.
 
     The old name still works in 5.24 but logs a deprecation warning."""
@@ -128,7 +58,7 @@ def decode_naive(model, prompt_ids: torch.Tensor, new_tokens: int, eos_token_id=
         return _empty_result(prompt_ids)
     ids = prompt_ids
     generated: list[list[int]] = []
-    for _ in _steps(range(new_tokens)):
+    for _ in decode_steps(range(new_tokens)):
         logits = model(input_ids=ids).logits  # logits for every position, every step
         next_id = logits[:, -1, :].argmax(dim=-1)  # (batch,)
         tokens = [t.item() for t in next_id]  # host sync: copy to the host, wait for the GPU
@@ -146,12 +76,12 @@ def decode_kv_cache(model, prompt_ids: torch.Tensor, new_tokens: int, eos_token_
     """V1: a DynamicCache keeps every layer's keys and values; each step feeds one token."""
     if new_tokens == 0:
         return _empty_result(prompt_ids)
-    cache = {_cache_kwarg(model): DynamicCache()}
-    with _annotate("prefill"):
+    cache = {cache_kwarg(model): DynamicCache()}
+    with annotate("prefill"):
         logits = model(input_ids=prompt_ids, use_cache=True, **cache).logits
     next_id = logits[:, -1, :].argmax(dim=-1)
     generated = [[t.item() for t in next_id]]
-    for _ in _steps(range(1, new_tokens)):
+    for _ in decode_steps(range(1, new_tokens)):
         logits = model(input_ids=next_id[:, None], use_cache=True, **cache).logits
         next_id = logits[:, -1, :].argmax(dim=-1)
         tokens = [t.item() for t in next_id]  # the same per-step host sync as V0
@@ -163,17 +93,29 @@ def decode_kv_cache(model, prompt_ids: torch.Tensor, new_tokens: int, eos_token_
 
 def _decode_on_device(model, prompt_ids: torch.Tensor, new_tokens: int, cache) -> torch.Tensor:
     """The sync-free loop shared by V2 and the static-cache variant."""
-    batch = prompt_ids.shape[0]
+    batch, prompt_len = prompt_ids.shape
     out = torch.empty((batch, new_tokens), dtype=torch.int64, device=prompt_ids.device)
     if new_tokens == 0:
         return out.cpu()
-    cache = {_cache_kwarg(model): cache}
-    with _annotate("prefill"):
+    # The attention mask of the steps, built once and added to the scores: 0 where the new
+    # token may look, the most negative float at a StaticCache's unfilled tail. Left to
+    # transformers it is rebuilt at every step, and transformers 5.17 builds it with
+    # `torch.tensor(0.0, device=...)`: a copy from the host, which PyTorch ends with a sync.
+    total = prompt_len + new_tokens
+    mask = torch.full((batch, 1, 1, total), torch.finfo(model.dtype).min, device=out.device)
+    mask[..., :prompt_len] = 0
+    static = isinstance(cache, StaticCache)  # its keys span every slot, filled or not
+    cache = {cache_kwarg(model): cache}
+    with annotate("prefill"):
         logits = model(input_ids=prompt_ids, use_cache=True, **cache).logits
     next_id = logits[:, -1:, :].argmax(dim=-1)  # (batch, 1): stays on the device
     out[:, 0:1] = next_id
-    for i in _steps(range(1, new_tokens)):
-        logits = model(input_ids=next_id, use_cache=True, **cache).logits
+    for i in decode_steps(range(1, new_tokens)):
+        position = prompt_len + i - 1
+        mask[..., position] = 0  # a fill on the device: the new token may see itself
+        step_mask = mask if static else mask[..., : position + 1]  # a view
+        logits = model(input_ids=next_id, attention_mask=step_mask, use_cache=True,
+                       **cache).logits
         next_id = logits[:, -1:, :].argmax(dim=-1)
         out[:, i : i + 1] = next_id  # a device-to-device copy: the host never waits
     return out.cpu()  # the one host sync of the whole generation
@@ -242,33 +184,40 @@ def _decode_lean(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tens
     if new_tokens == 0:
         return out.cpu()
     llama, config = model.model, model.config
-    if config._attn_implementation != "sdpa":  # the prompt's causal mask comes from SDPA's flag
-        raise ValueError(f"decode_lean needs SDPA attention, not {config._attn_implementation!r}")
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    attention = config._attn_implementation
+    if attention not in ("sdpa", "eager"):  # the prompt's causal mask: a flag, or written out
+        raise ValueError(f"decode_lean needs SDPA or eager attention, not {attention!r}")
     capacity = prompt_len + new_tokens
     dtype = model.lm_head.weight.dtype
     kv = PreallocatedKV(config.num_hidden_layers, batch, config.num_key_value_heads, capacity,
-                        head_dim, dtype, prompt_ids.device)
+                        head_dim(config), dtype, prompt_ids.device)
     cos, sin = _rotary_table(model, capacity, prompt_ids.device, dtype)
-    cache_kw = _cache_kwarg(llama.layers[0])
+    cache_kw = cache_kwarg(llama.layers[0])
 
-    def forward(ids: torch.Tensor, start: int) -> torch.Tensor:
+    def forward(ids: torch.Tensor, start: int, mask=None) -> torch.Tensor:
         """Hidden states -> logits for tokens at positions start..start+len-1."""
         end = start + ids.shape[1]
         rope = (cos[:, start:end], sin[:, start:end])  # views of the table: no kernels
         hidden = llama.embed_tokens(ids)
         for layer in llama.layers:
-            # A mask is needed only to hide the future inside the prompt, and the attention
-            # layer then uses is_causal instead; a single new token may see every cached one.
-            hidden = layer(hidden, attention_mask=None, position_embeddings=rope,
+            hidden = layer(hidden, attention_mask=mask, position_embeddings=rope,
                            use_cache=True, **{cache_kw: kv})
         kv.length = end
         return model.lm_head(llama.norm(hidden))
 
-    with _annotate("prefill"):
-        logits = forward(prompt_ids, 0)  # logits of every prompt position, as V0 computes them
+    # A mask is needed only to hide the future inside the prompt: SDPA then uses its causal
+    # flag, eager attention adds this one (the smallest float where a key is hidden, as
+    # transformers writes it); a single new token may see every cached one.
+    mask = None
+    if attention == "eager":
+        hidden_future = torch.ones(prompt_len, prompt_len, dtype=torch.bool,
+                                   device=prompt_ids.device).triu(1)
+        mask = torch.zeros(prompt_len, prompt_len, dtype=dtype, device=prompt_ids.device)
+        mask = mask.masked_fill(hidden_future, torch.finfo(dtype).min)[None, None]
+    with annotate("prefill"):
+        logits = forward(prompt_ids, 0, mask)  # every prompt position, as V0 computes them
     torch.argmax(logits[:, -1:, :], dim=-1, out=out[:, 0:1])
-    for i in _steps(range(1, new_tokens)):
+    for i in decode_steps(range(1, new_tokens)):
         logits = forward(out[:, i - 1 : i], prompt_len + i - 1)
         torch.argmax(logits[:, -1:, :], dim=-1, out=out[:, i : i + 1])
     return out.cpu()
@@ -276,9 +225,30 @@ def _decode_lean(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tens
 
 def bf16_copy(model):
     """A BF16 copy of a model (V3, the precision ablation); the FP32 model is left as it is."""
-    import copy
-
     return copy.deepcopy(model).to(torch.bfloat16)
+
+
+@torch.no_grad()
+def generate_new_tokens(model, prompt_ids: torch.Tensor, new_tokens: int,
+                        **kwargs) -> torch.Tensor:
+    """Stock `model.generate`, greedy, EOS ignored; the new tokens as an int64 CPU tensor."""
+    out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids),
+                         max_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
+                         pad_token_id=0, **kwargs)
+    new = out[:, prompt_ids.shape[1]:]
+    if new.shape[1] != new_tokens:
+        raise RuntimeError(f"generate() stopped after {new.shape[1]} of {new_tokens} tokens")
+    return new.cpu()
+
+
+def decode_generate(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Stock `generate()` with its default cache, which grows by one token per step."""
+    return generate_new_tokens(model, prompt_ids, new_tokens)
+
+
+def decode_generate_static(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Stock `generate()` with `cache_implementation="static"`, preallocated."""
+    return generate_new_tokens(model, prompt_ids, new_tokens, cache_implementation="static")
 
 
 VARIANTS: dict[str, DecodeFn] = {
@@ -288,16 +258,7 @@ VARIANTS: dict[str, DecodeFn] = {
     "V2s static cache": decode_static_cache,
     "V2L lean loop": decode_lean,
 }
-
-
-def time_decode(fn: DecodeFn, model, prompt_ids: torch.Tensor, new_tokens: int,
-                repeats: int = 5, warmup: int = 1) -> Timing:
-    """End-to-end time of one whole generation (prefill, every step, the final read), in ms."""
-    return benchmark(lambda: fn(model, prompt_ids, new_tokens), warmup=warmup, repeats=repeats)
-
-
-def step_times_ms(fn: DecodeFn, model, prompt_ids: torch.Tensor, new_tokens: int) -> list[float]:
-    """Duration of every decode step of one generation (the prefill is not a step)."""
-    with step_clock() as clock:
-        fn(model, prompt_ids, new_tokens)
-    return clock.times_ms()
+BASELINES: dict[str, DecodeFn] = {
+    "generate(), dynamic cache": decode_generate,
+    'generate(), cache_implementation="static"': decode_generate_static,
+}

@@ -7,7 +7,9 @@ GPU results. Nothing in smoke mode may be presented as a GPU measurement.
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import functools
 import os
 import platform
 import shutil
@@ -101,16 +103,63 @@ def announce() -> dict:
     return info
 
 
+def sync() -> None:
+    """Wait until the GPU has finished the work queued so far (on the CPU: nothing to wait
+    for). Host clocks around GPU work need it on both sides."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def artifact_dir(chapter: str) -> str:
     """Folder where a chapter writes large artifacts (profiler traces).
 
     The record command points GPUINFER_ARTIFACTS at a staging folder and keeps what lands
     there beside the recording; otherwise (a CPU preview, a test) artifacts go to a scratch
-    folder under _build/ so that a build never dirties the git tree.
+    folder of this process (`scratch_dir`), so that a build never dirties the git tree.
     """
-    root = os.environ.get("GPUINFER_ARTIFACTS") or os.path.join(
-        tempfile.gettempdir(), "gpuinfer-artifacts"
-    )
+    root = os.environ.get("GPUINFER_ARTIFACTS") or _artifact_scratch()
     path = os.path.join(root, chapter)
     os.makedirs(path, exist_ok=True)
     return path
+
+
+SCRATCH_PREFIX = "gpuinfer-"
+
+
+def scratch_dir(kind: str) -> str:
+    """A new folder `gpuinfer-<pid>-<kind>-...` in the temporary directory, removed when this
+    process exits. One left behind by a process that was killed (no exit handler runs
+    then) is removed by the next call, once its process is gone."""
+    remove_stale_scratch()
+    path = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-{kind}-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def remove_stale_scratch() -> list[str]:
+    """Remove the scratch folders of processes that no longer run; return their paths."""
+    removed = []
+    for name in os.listdir(tempfile.gettempdir()):
+        parts = name[len(SCRATCH_PREFIX):].split("-") if name.startswith(SCRATCH_PREFIX) else []
+        pid = next((int(p) for p in parts[:1] if p.isdigit()), None)
+        if pid is None or pid == os.getpid() or _alive(pid):
+            continue
+        path = os.path.join(tempfile.gettempdir(), name)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+@functools.cache
+def _artifact_scratch() -> str:
+    return scratch_dir("artifacts")

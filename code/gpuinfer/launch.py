@@ -11,16 +11,20 @@ the GPU idles between kernels and the host's launch rate sets the speed. Two rem
 
 `chain` is the experiment: K dependent elementwise ops, one kernel each when run eagerly.
 `chain_sweep` times it eagerly, compiled and replayed from a graph at several K.
+`count_ops` counts the operators (about one launch each) that a function dispatches.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from gpuinfer.timing import Timing, benchmark, capture_graph
+from gpuinfer.env import sync
+from gpuinfer.timing import Timing, benchmark, capture_graph, wall_seconds
 
 
 def chain(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -54,6 +58,23 @@ def launch_cost(n_launches: int = 1000, *, device="cuda", repeats: int = 20) -> 
         graph_us = benchmark(graph.replay, warmup=2, repeats=repeats).median * 1e3 / n_launches
     return {"n_launches": n_launches, "eager_us": eager.median * 1e3 / n_launches,
             "graph_us": graph_us}
+
+
+def host_us_per_call(fn: Callable[[], object], *, calls: int = 200) -> float:
+    """Microseconds of host time per call of fn, its GPU work left out: on a GPU a sleep
+    kernel first holds the device, so that the calls only queue work and none of them waits.
+    (On the CPU the work runs inside the call and is included.)"""
+    for _ in range(5):
+        fn()
+    sync()
+    if torch.cuda.is_available():
+        torch.cuda._sleep(200_000_000)  # ~0.1 s at 2 GHz: longer than the calls take
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - t0
+    sync()
+    return elapsed / calls * 1e6
 
 
 @dataclass(frozen=True)
@@ -104,11 +125,7 @@ def chain_sweep(
                     with torch._dynamo.config.patch(recompile_limit=max(64, 2 * len(ks))):
                         fused = torch.compile(lambda t, k=k: chain(t, k), fullgraph=True,
                                               dynamic=True)
-                        _sync(device)
-                        t0 = time.perf_counter()
-                        fused(x)
-                        _sync(device)
-                        compile_s = time.perf_counter() - t0
+                        compile_s = wall_seconds(lambda: fused(x))[1]
                 # A fused kernel contracts x*a + b into one fma, which rounds once instead of
                 # twice: equal up to rounding (measured on the H200: 1.5e-5 relative at worst).
                 torch.testing.assert_close(fused(x), expected, rtol=1e-4, atol=1e-4)
@@ -124,6 +141,29 @@ def chain_sweep(
     return points
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+# Operators that allocate or relabel memory without launching a kernel.
+_NO_KERNEL = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::lift_fresh",
+              "aten::_unsafe_view"}
+
+
+def count_ops(fn: Callable[[], object]) -> collections.Counter:
+    """Run fn() once and count the ATen operators it dispatches, views excluded.
+
+    Run eagerly, each counted operator is (about) one kernel launch: this is how many
+    launches a step costs the host, and how many kernels a CUDA graph of it replays.
+    Views (reshape, transpose, slicing) are metadata only and are not counted.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: collections.Counter = collections.Counter()
+
+    class Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.name()
+            if not getattr(func, "is_view", False) and name.split(".")[0] not in _NO_KERNEL:
+                counts[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counter():
+        fn()
+    return counts

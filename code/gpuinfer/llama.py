@@ -1,9 +1,15 @@
-"""The book's decode workload: a small Llama from a `transformers` config, random weights.
+"""The book's decode workloads: Llama models from a `transformers` config, random weights.
 
-No downloads: the weights are drawn from a seeded generator, so every machine builds the
-same model. `tiny_llama_config` is the launch-bound model of Chapters 2 and 3: about 19.5 M
-parameters (78 MB in fp32), so one decode step moves little data and runs dozens of tiny
-kernels whose launch cost, not memory bandwidth, sets the step time on an H200.
+No downloads: the weights are drawn from a seeded generator on the device they run on, so
+a machine builds the same model every time. The speed of a decode step depends on the
+shapes, not on the values. `CONFIGS` holds every model the book runs:
+
+- "tiny" (4 layers, hidden 256, 19.5 M parameters): so small that a decode step is a string
+  of microsecond kernels and launching them sets the speed, with or without a KV cache;
+- "small" (8 layers, hidden 1024, 168 M parameters): Chapters 2 and 3's workload, large
+  enough that recomputing a long prompt costs far more than launching a cached step;
+- "1b" (the shape of Llama-3.2-1B: 1.24 B parameters, 2.47 GB in BF16): Chapters 4 and 5;
+- "toy" and "reduced": the small and the 1B structure shrunk for a CPU (smoke mode, tests).
 """
 
 from __future__ import annotations
@@ -11,41 +17,62 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+_TINY = dict(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+             num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=2048,
+             tie_word_embeddings=False)
+_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+           num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+           max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+           tie_word_embeddings=True)
 
-def tiny_llama_config(**overrides) -> LlamaConfig:
-    """4 layers, hidden 256, 8 heads, MLP 688, vocab 32000: 19.5 M parameters."""
-    params = dict(
-        vocab_size=32000,
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-    )
-    params.update(overrides)
-    return LlamaConfig(**params)
+CONFIGS: dict[str, dict] = {
+    "tiny": _TINY,
+    "small": {**_TINY, "hidden_size": 1024, "intermediate_size": 2816,
+              "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 16,
+              "max_position_embeddings": 8192},
+    # Chapters 2 and 3 on a CPU: 2 layers, hidden 64.
+    "toy": {**_TINY, "vocab_size": 2048, "hidden_size": 64, "intermediate_size": 172,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4},
+    "1b": _1B,
+    # The 1B structure (grouped-query attention 4/2, tied embeddings) small enough for a
+    # CPU: 155,968 parameters. The weights are drawn with a larger standard deviation than
+    # the 1B model's 0.02 (0.113 = 0.02 x sqrt(2048 / 64)), so that activations have the 1B
+    # model's magnitudes: with 0.02 at this width the layers barely perturb the tied
+    # embedding of the input token, and greedy decoding repeats one token forever.
+    "reduced": {**_1B, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 256,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 16, "max_position_embeddings": 1024, "initializer_range": 0.113},
+}
 
 
-def build_model(
-    config: LlamaConfig,
-    *,
-    seed: int = 0,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-    attn_implementation: str = "sdpa",
-) -> LlamaForCausalLM:
-    """A LlamaForCausalLM with seeded random weights, in eval mode, on `device`."""
-    torch.manual_seed(seed)
+def model_config(name: str, **overrides) -> LlamaConfig:
+    """The config `CONFIGS[name]`, with `overrides` applied (any LlamaConfig field)."""
+    if name not in CONFIGS:
+        raise ValueError(f"unknown model config {name!r}; one of {', '.join(CONFIGS)}")
+    return LlamaConfig(**{**CONFIGS[name], **overrides})
+
+
+def head_dim(config: LlamaConfig) -> int:
+    """Features per attention head: the config's own, or hidden / heads where it has none."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def build_model(config: LlamaConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu",
+                attn_implementation: str = "sdpa") -> LlamaForCausalLM:
+    """A LlamaForCausalLM with seeded random weights, created directly on `device`, in eval
+    mode. Creating the modules inside a `torch.device` context allocates and initialises
+    every weight on the device: a second on a GPU for 1.2 B parameters, against a minute
+    or more initialised on the CPU and copied over."""
     config._attn_implementation = attn_implementation
-    model = LlamaForCausalLM(config)
-    return model.to(device=device, dtype=dtype).eval()
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    return model.to(dtype=dtype).eval()
 
 
-def random_prompt(
-    config: LlamaConfig, length: int, *, batch: int = 1, seed: int = 1, device="cpu"
-) -> torch.Tensor:
+def random_prompt(config: LlamaConfig, length: int, *, batch: int = 1, seed: int = 1,
+                  device="cpu") -> torch.Tensor:
     """A seeded random prompt of token ids, shape (batch, length)."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, config.vocab_size, (batch, length), generator=gen)

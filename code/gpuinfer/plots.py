@@ -102,6 +102,18 @@ def describe(fig) -> str:
     return " ".join(["Figure:"] + parts) if parts else "Figure"
 
 
+def plain_log_ticks(ax, axis: str = "both") -> None:
+    """Label a log axis with plain numbers at 1, 2 and 5 times each power of ten ("20",
+    "0.5") and nothing at the minor ticks, instead of "2×10¹" and labels that collide."""
+    formatter = mpl.ticker.FuncFormatter(
+        lambda value, _: f"{value:,.0f}" if value >= 1e4 else f"{value:g}")
+    for which in ("x", "y") if axis == "both" else (axis,):
+        target = ax.xaxis if which == "x" else ax.yaxis
+        target.set_major_locator(mpl.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        target.set_major_formatter(formatter)
+        target.set_minor_formatter(mpl.ticker.NullFormatter())
+
+
 @dataclass(frozen=True)
 class Roof:
     """A horizontal compute roof: `peak` FLOP/s; `measured` False for a datasheet value."""
@@ -183,8 +195,10 @@ def roofline_plot(points, roofs, *, bandwidth: float, bandwidth_datasheet: float
         ax.scatter(p.intensity, p.achieved / 1e12, marker=markers[p.group], s=28, zorder=3,
                    color=PALETTE[groups.index(p.group) % len(PALETTE)],
                    label=p.group if p.group else None)
-        ax.annotate(f"{p.label} ({100 * p.fraction:.0f}%)", xy=(p.intensity, p.achieved / 1e12),
-                    xytext=(4, -3), textcoords="offset points", fontsize=SMALL_TEXT, va="top")
+    point_labels = [ax.annotate(f"{p.label} ({100 * p.fraction:.0f}%)",
+                                xy=(p.intensity, p.achieved / 1e12), xytext=(4, -3),
+                                textcoords="offset points", fontsize=SMALL_TEXT, va="top")
+                    for p in points]
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     if unique:
@@ -192,8 +206,60 @@ def roofline_plot(points, roofs, *, bandwidth: float, bandwidth_datasheet: float
     ax.set(xscale="log", yscale="log", xlim=(x_lo, x_hi),
            ylim=(y_lo / 1e12, top / 1e12 * 2.5),
            xlabel="arithmetic intensity (FLOP / byte)", ylabel="performance (TFLOP/s)", title=title)
+    plain_log_ticks(ax)
+    _separate(ax, point_labels)
     return ax
 
 
+def bytes_plot(points: dict[str, tuple[float, float]], *, bandwidth: float,
+               title: str = "Tokens per second against bytes per token", ax=None):
+    """Batch-1 decoding as a memory-bound line: {label: (bytes per token, tokens/s)}, one
+    point per variant, and the floor tokens/s = bandwidth / bytes that a step moving its
+    bytes at the copy rate would reach (log-log: a line of slope -1). Each point is
+    labelled with its fraction of the line (its MBU)."""
+    ax = ax or plt.subplots(figsize=(7.5, 4.8))[1]
+    sizes = [b for b, _ in points.values()]
+    xs = np.logspace(np.log10(min(sizes) / 1.6), np.log10(max(sizes) * 1.6), 50)
+    ax.plot(xs / 1e9, bandwidth / xs, color="0.25", lw=1.4,
+            label=f"the copy rate, {bandwidth / 1e12:.2f} TB/s")
+    labels = []
+    for i, (name, (size, rate)) in enumerate(points.items()):
+        ax.scatter(size / 1e9, rate, s=30, zorder=3, color=PALETTE[i % len(PALETTE)])
+        labels.append(ax.annotate(f"{name} ({100 * rate * size / bandwidth:.0f} %)",
+                                  xy=(size / 1e9, rate), xytext=(4, -3),
+                                  textcoords="offset points", fontsize=SMALL_TEXT,
+                                  va="top"))
+    rates = [r for _, r in points.values()] + [bandwidth / min(sizes) * 1.6]
+    ax.set(xscale="log", yscale="log", xlabel="bytes a token must move (GB)",
+           ylabel="tokens / s", title=title,
+           ylim=(min(rates) / 2, max(rates) * 1.3))
+    plain_log_ticks(ax)
+    ax.legend(loc="upper right")
+    _separate(ax, labels)
+    return ax
+
+
+# Where a point's label may go, in points from the point: right below (the default), right
+# above, left below, left above, and further below or above on the right.
+_PLACES = [((4, -3), "left", "top"), ((4, 4), "left", "bottom"), ((-4, -3), "right", "top"),
+           ((-4, 4), "right", "bottom"), ((4, -11), "left", "top"), ((4, 12), "left", "bottom")]
+
+
+def _separate(ax, labels) -> None:
+    """Move each point label to the first of `_PLACES` where it overlaps no label placed
+    before it, so that every label stays beside its own point."""
+    renderer = ax.figure.canvas.get_renderer()
+    placed = []
+    for label in labels:
+        for place in _PLACES + _PLACES[:1]:  # nowhere free: back to the default place
+            (label.xyann, ha, va) = place
+            label.set_horizontalalignment(ha)
+            label.set_verticalalignment(va)
+            box = label.get_window_extent(renderer).expanded(1.02, 1.1)
+            if not any(box.overlaps(other) for other in placed):
+                break
+        placed.append(label.get_window_extent(renderer))
+
+
 __all__ = ["PALETTE", "BOOK_STYLE", "SMALL_TEXT", "use_book_style", "describe", "plt", "Roof",
-           "Point", "roofline_plot"]
+           "Point", "roofline_plot", "plain_log_ticks", "bytes_plot"]

@@ -19,8 +19,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-TERA = 1e12
-
 
 # ---------------------------------------------------------------------------------------------
 # Datasheet ceilings

@@ -13,11 +13,8 @@ and each step's input is a fresh tensor. `StaticDecoder` fixes them:
 - the token sequence lives in a preallocated `tokens` buffer: a step reads its input token
   from slot `pos` and writes its output token into slot `pos + 1`.
 
-One decode step is then a fixed sequence of kernels on fixed buffers. It is captured by
-hand with `torch.cuda.CUDAGraph` (`capture_graph`), or compiled with
-`torch.compile(mode="reduce-overhead")`, which fuses it and graphs it. Compiled with `pdl`,
-Inductor's kernels use Programmatic Dependent Launch (Hopper and later): each may start
-before the kernel ahead of it has finished, which hides the gap between two kernels of a graph.
+One decode step is then a fixed sequence of kernels on fixed buffers. How it is run (eagerly,
+captured in a CUDA graph, compiled) is `gpuinfer.runners`' business, not the decoder's.
 
 The math is the `transformers` Llama forward, written out on the model's own weights (only
 the stacked q/k/v and gate/up matrices are new tensors), so that in fp32 the tokens equal
@@ -28,19 +25,14 @@ matmuls and a softmax) or by `F.scaled_dot_product_attention`.
 
 from __future__ import annotations
 
-import os
-import tempfile
-import time
-import weakref
+import logging
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
-from gpuinfer.decode import _steps
-from gpuinfer.profiling import load_trace, save_trace
-from gpuinfer.timing import Timing, benchmark, capture_graph
+from gpuinfer.llama import head_dim
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -90,12 +82,13 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
         o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                            scale=head_dim**-0.5)
     else:
-        _check_attention(kernel)
+        check_attention(kernel)
     o = o.view(batch, kv_heads, length, group, head_dim).permute(0, 2, 1, 3, 4)
     return o.reshape(batch, length, heads * head_dim)
 
 
-def _check_attention(kernel: str) -> None:
+def check_attention(kernel: str) -> None:
+    """Refuse an attention kernel this module does not know, naming the ones it does."""
     if kernel not in ATTENTION:
         raise ValueError(f"unknown attention kernel {kernel!r}; one of {ATTENTION}")
 
@@ -119,44 +112,43 @@ class LayerWeights:
     down: torch.Tensor
 
 
+def layer_weights(model: LlamaForCausalLM) -> list[LayerWeights]:
+    """Every layer's weights: the model's own tensors (detach() makes no copy), except the
+    stacked q/k/v and gate/up matrices, which are new."""
+    with torch.no_grad():
+        return [LayerWeights(
+            layer.input_layernorm.weight.detach(),
+            torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
+                       layer.self_attn.v_proj.weight]),
+            layer.self_attn.o_proj.weight.detach(),
+            layer.post_attention_layernorm.weight.detach(),
+            torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]),
+            layer.mlp.down_proj.weight.detach(),
+        ) for layer in model.model.layers]
+
+
 class StaticDecoder:
     """Greedy decoding of a LlamaForCausalLM with a preallocated KV cache.
 
     `capacity` is the number of token slots: prompt plus new tokens must fit. All state is
     in tensors allocated once (`k_cache`, `v_cache`, `tokens`, `pos`), so every call of
-    `decode_step` launches the same kernels on the same addresses.
-
-    `attention` picks the attention kernel (see `attention`). `tune` turns on Inductor's
-    coordinate-descent tuning of the block sizes of the kernels it generates, as gpt-fast
-    does: faster kernels for a longer compilation. `pdl` turns on Programmatic Dependent
-    Launch for those kernels (see `compile_options`).
+    `decode_step` launches the same kernels on the same addresses. `attention` picks the
+    attention kernel (see `attention`).
     """
 
     def __init__(self, model: LlamaForCausalLM, batch: int, capacity: int, *,
-                 attention: str = "matmul", tune: bool = True, pdl: bool = False):
+                 attention: str = "matmul"):
         cfg, llama = model.config, model.model
         if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
             raise NotImplementedError("StaticDecoder covers Llamas without biases")
-        _check_attention(attention)  # now, not at the first step
-        self.batch, self.capacity = batch, capacity
-        self.attention, self.tune, self.pdl = attention, tune, pdl
+        check_attention(attention)  # now, not at the first step
+        self.batch, self.capacity, self.attention = batch, capacity, attention
         self.n_heads, self.n_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.head_dim = head_dim(cfg)
         self.eps = cfg.rms_norm_eps
         # The model's weights, shared (detach() makes no copy), except the two stacked ones.
         self.embed = llama.embed_tokens.weight.detach()
-        self.layers = [
-            LayerWeights(
-                layer.input_layernorm.weight.detach(),
-                torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
-                           layer.self_attn.v_proj.weight]).detach(),
-                layer.self_attn.o_proj.weight.detach(),
-                layer.post_attention_layernorm.weight.detach(),
-                torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]).detach(),
-                layer.mlp.down_proj.weight.detach(),
-            )
-            for layer in llama.layers
-        ]
+        self.layers = layer_weights(model)
         self.norm = llama.norm.weight.detach()
         self.lm_head = model.lm_head.weight.detach()
         dev, dtype = self.lm_head.device, self.lm_head.dtype
@@ -178,7 +170,6 @@ class StaticDecoder:
             # cudagraph trees use them in place (no copy into the graph's own inputs) and
             # accept the in-place writes into the cache, tokens and pos.
             torch._dynamo.mark_static_address(t)
-        self.runners: dict = {}  # per way of running a step: its graph or compiled function
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor a step reads or writes."""
@@ -221,8 +212,9 @@ class StaticDecoder:
             x = x + F.linear(F.silu(gate) * up, w.down)
         return F.linear(rms_norm(x[:, -1], self.norm, self.eps), self.lm_head)
 
-    def prefill(self, prompt_ids: torch.Tensor) -> None:
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         """Reset the state to a new prompt: fill the cache, write the first new token, set pos.
+        Returns the logits of the last prompt position.
 
         Run eagerly (its shapes depend on the prompt length). Everything is written in
         place, so a graph captured earlier stays valid. Slots past the prompt keep stale
@@ -236,6 +228,7 @@ class StaticDecoder:
         logits = self.logits(self.tokens[:, :length], self.slots[:length])
         self.tokens[:, length] = logits.argmax(-1)
         self.pos.fill_(length)
+        return logits
 
     def decode_step(self) -> torch.Tensor:
         """One greedy step, all on the device: read tokens[pos], write tokens[pos + 1], pos += 1.
@@ -249,71 +242,12 @@ class StaticDecoder:
         self.pos.add_(1)
         return next_token
 
-    def step_function(self, how: str):
-        """The per-token call for one way of running decode_step (see `HOW`)."""
-        if how == "eager":
-            return self.decode_step
-        if how not in self.runners:
-            with torch.no_grad():  # as every call will be: no recompilation for grad mode
-                self.runners[how] = self._make_runner(how)
-        return self.runners[how]
-
-    def compile_options(self) -> dict:
-        """The Inductor options the step is compiled with.
-
-        triton.enable_pdl (off by default in Inductor) makes every Triton kernel it generates
-        a Programmatic Dependent Launch: the kernel may be launched while the one before it
-        is still running, and waits (`griddepcontrol.wait`) before it touches memory that
-        kernel writes, so the launch overlaps the previous kernel's tail. It needs a Hopper or
-        later GPU (elsewhere Inductor ignores it), and library kernels (cuBLAS, cuDNN)
-        launch as before.
-        """
-        return {"coordinate_descent_tuning": self.tune, "triton.enable_pdl": self.pdl}
-
-    def _make_runner(self, how: str):
-        # Capture and compilation run decode_step a few times: start them from slot 0, so
-        # that they stay inside the cache whatever state the last generation left.
-        self.pos.zero_()
-        if how == "graph":  # the eager step's kernels, captured by hand
-            return capture_graph(self.decode_step, warmup=3)[0].replay
-        options = self.compile_options()
-        if how == "compiled":  # fused by Inductor, launched kernel by kernel
-            return torch.compile(self.decode_step, fullgraph=True, options=options)
-        if how == "compiled+graph":  # the fused kernels, captured by hand
-            return capture_graph(self.step_function("compiled"), warmup=3)[0].replay
-        if how == "reduce-overhead":  # fused, and graphed by cudagraph trees
-            # mode="reduce-overhead" is the option triton.cudagraphs; spelled out, because
-            # torch.compile takes a mode or options, not both.
-            compiled = torch.compile(self.decode_step, fullgraph=True,
-                                     options={**options, "triton.cudagraphs": True})
-
-            def step():
-                # Start a new cudagraph-trees generation: the previous step's outputs may
-                # now be overwritten. We never read them: the tokens live in self.tokens,
-                # our own tensor, not an output of the graph.
-                torch.compiler.cudagraph_mark_step_begin()
-                compiled()
-
-            step.compiled = compiled
-            return step
-        raise ValueError(f"unknown way to run a step {how!r}; one of {HOW}")
-
-    def generate(self, prompt_ids: torch.Tensor, new_tokens: int,
-                 how: str = "eager") -> torch.Tensor:
-        """`new_tokens` greedy tokens after the prompt, an int64 CPU tensor (batch, new_tokens)."""
-        if new_tokens < 1:
-            return torch.empty((prompt_ids.shape[0], 0), dtype=torch.int64)
-        if prompt_ids.shape[1] + new_tokens > self.capacity:
-            raise ValueError(f"{prompt_ids.shape[1]} + {new_tokens} tokens exceed {self.capacity=}")
-        step = self.step_function(how)  # capture or compile first: they run decode_step
-        self.prefill(prompt_ids)
-        for _ in _steps(range(1, new_tokens)):  # marks each step for the profiler
-            step()
-        start = prompt_ids.shape[1]
-        return self.tokens[:, start : start + new_tokens].cpu()  # the one host sync
-
-
-HOW = ("eager", "graph", "compiled", "compiled+graph", "reduce-overhead")
+    def step_logits(self, token: torch.Tensor) -> torch.Tensor:
+        """The step with a given input token (batch, 1) instead of the last one generated:
+        its logits (batch, vocab), the cache written and pos advanced (teacher forcing)."""
+        logits = self.logits(token, self.pos)
+        self.pos.add_(1)
+        return logits
 
 
 def capacity_for(prompt_len: int, new_tokens: int, multiple: int = 64) -> int:
@@ -321,58 +255,6 @@ def capacity_for(prompt_len: int, new_tokens: int, multiple: int = 64) -> int:
     (and the mask rows stay aligned for the attention kernel)."""
     need = prompt_len + new_tokens
     return -(-need // multiple) * multiple
-
-
-_decoders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def static_decoder(model: LlamaForCausalLM, batch: int, capacity: int,
-                   **options) -> StaticDecoder:
-    """The StaticDecoder of `model` for this batch, capacity and `options` (attention, tune, pdl),
-    built on first use and kept while the model lives, with its graphs and compiled steps,
-    like generate()'s static cache."""
-    per_model = _decoders.setdefault(model, {})
-    key = (batch, capacity, *sorted(options.items()))
-    if key not in per_model:
-        # Ordinary tensors even if the caller is in inference mode: the state is written in
-        # place by every later call, whatever mode that call runs in.
-        with torch.inference_mode(False), torch.no_grad():
-            per_model[key] = StaticDecoder(model, batch, capacity, **options)
-    return per_model[key]
-
-
-def decode_with(how: str, **options):
-    """The decode variant that runs each step `how`: fn(model, prompt_ids, new_tokens), on the
-    StaticDecoder made with `options` (attention, tune, pdl)."""
-
-    def decode(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        with torch.no_grad():
-            capacity = capacity_for(prompt_ids.shape[1], new_tokens)
-            decoder = static_decoder(model, prompt_ids.shape[0], capacity, **options)
-            return decoder.generate(prompt_ids, new_tokens, how)
-
-    name = "_".join(["decode", how.replace("-", "_").replace("+", "_")]
-                    + [k if v is True else f"{k}_{v}" for k, v in sorted(options.items())])
-    decode.__name__ = decode.__qualname__ = name
-    return decode
-
-
-decode_static = decode_with("eager")  # V4: the static cache, one eager decode_step per token
-decode_cuda_graph = decode_with("graph")  # V5: the eager step captured by hand, replayed
-decode_compiled = decode_with("compiled")  # V6: torch.compile, fused kernels, no graph
-decode_compiled_graph = decode_with("compiled+graph")  # V7: the compiled step captured by hand
-decode_reduce_overhead = decode_with("reduce-overhead")  # V8: torch.compile reduce-overhead
-# V9: V7 with Programmatic Dependent Launch: each kernel's launch overlaps the previous one
-decode_compiled_graph_pdl = decode_with("compiled+graph", pdl=True)
-
-VARIANTS = {
-    "V4 static step": decode_static,
-    "V5 static step + CUDA graph": decode_cuda_graph,
-    "V6 compiled step": decode_compiled,
-    "V7 compiled step + CUDA graph": decode_compiled_graph,
-    "V8 compiled step, reduce-overhead": decode_reduce_overhead,
-    "V9 compiled step (PDL) + CUDA graph": decode_compiled_graph_pdl,
-}
 
 
 def decode_step_with_breaks(decoder: StaticDecoder) -> torch.Tensor:
@@ -399,8 +281,6 @@ def graph_breaks(fn, *args) -> tuple[int, list[tuple[int, str, str]]]:
     It executes fn once (with its side effects) and resets dynamo's caches before and after:
     functions compiled earlier compile again on their next call.
     """
-    import logging
-
     dynamo_log = logging.getLogger("torch._dynamo")
     level = dynamo_log.level
     dynamo_log.setLevel(logging.ERROR)  # explain reports the breaks; skip dynamo's warnings
@@ -414,74 +294,3 @@ def graph_breaks(fn, *args) -> tuple[int, list[tuple[int, str, str]]]:
         where = (frame.lineno, (frame.line or "").strip()) if frame else (0, "")
         breaks.append((*where, reason.reason.splitlines()[0]))
     return explanation.graph_count, breaks
-
-
-def timed_first_call(fn, *args) -> tuple[object, float]:
-    """fn(*args) and its wall-clock seconds, device work included (for compile times)."""
-    _sync()
-    t0 = time.perf_counter()
-    out = fn(*args)
-    _sync()
-    return out, time.perf_counter() - t0
-
-
-def step_timing(decoder: StaticDecoder, prompt_ids: torch.Tensor, how: str, *,
-                warmup: int = 10, repeats: int = 100) -> Timing:
-    """The time of one decode step run `how`, from the state just after a prefill.
-
-    Each timed call is one step (CUDA events around it); the steps run back to back, as
-    in a generation, so a host slower than the GPU shows up as a longer step.
-    """
-    if prompt_ids.shape[1] + 1 + warmup + repeats > decoder.capacity:
-        raise ValueError("the timed steps would run past the end of the cache")
-    step = decoder.step_function(how)
-    with torch.no_grad():
-        decoder.prefill(prompt_ids)
-        return benchmark(step, warmup=warmup, repeats=repeats)
-
-
-# GPU clock cycles of the head start: about 50 ms at an H200's 1.98 GHz, far longer than the
-# host needs to launch 20 graph replays under the profiler (a few hundred µs each).
-HEAD_START_CYCLES = 100_000_000
-
-
-def profile_steps(decoder: StaticDecoder, prompt_ids: torch.Tensor, how: str,
-                  path: str | None = None, *, steps: int = 20, warmup: int = 3,
-                  head_start: bool = False) -> dict:
-    """Profile `steps` decode steps run `how` (each marked like Chapter 2's loops, so that
-    `gpuinfer.profiling` reads them); return the Chrome trace, also written to `path` if given.
-
-    The profiler slows the host, a graph launch most of all, so that in its trace a short
-    graphed step waits for its own launch. With `head_start`, a sleep kernel first holds the
-    GPU (`HEAD_START_CYCLES`) while the host launches every step; the GPU then runs the steps
-    back to back, as it does at speed, and the trace's GPU lane shows the steps' own gaps
-    (`StepStats.queued_ahead` says whether the head start was long enough).
-    """
-    step = decoder.step_function(how)
-    on_gpu = torch.cuda.is_available()
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if on_gpu:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.no_grad():
-        decoder.prefill(prompt_ids)
-        for _ in range(warmup):
-            step()
-        _sync()
-        with torch.profiler.profile(activities=activities) as prof:
-            if head_start and on_gpu:
-                torch.cuda._sleep(HEAD_START_CYCLES)  # a spin kernel, from PyTorch's own tests
-            for _ in _steps(range(steps)):
-                step()
-            _sync()
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(raw)
-        trace = load_trace(raw)
-    if path is not None:
-        save_trace(trace, path)
-    return trace
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()

@@ -1,11 +1,12 @@
 """A profiler timeline drawn from a Chrome trace, in the spirit of a Perfetto view.
 
-`plot_timeline` draws a few decode steps of a trace written by `gpuinfer.profiling` as lanes
+`plot_timeline` draws a few decode steps of a trace (read with `gpuinfer.trace`) as lanes
 sharing one time axis: the decode steps, the ATen ops the Python code called (CPU), the CUDA
 API calls they made (CPU), and the kernels and copies that ran on the GPU. A second panel zooms
 into a short window, where single launches, the kernels they start (joined by a line, like
 Perfetto's flow arrows) and the idle gaps between them can be seen. `plot_step_kernels` puts
 the GPU lane of one step of several traces one above the other, to compare their gaps.
+Slices are coloured by what they compute (`gpuinfer.trace.kind_of`).
 """
 
 from __future__ import annotations
@@ -13,45 +14,15 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from gpuinfer import profiling as P
+from gpuinfer import trace as T
 from gpuinfer.plots import PALETTE
+from gpuinfer.steps import STEP
 
-# What a slice is, from its name: the colour of each kind.
-KINDS = {
-    "GEMM": PALETTE[0],
-    "attention": PALETTE[3],
-    "elementwise": PALETTE[5],
-    "reduction": PALETTE[2],
-    "copy / cat / index": PALETTE[4],
-    "host sync": "#D7191C",
-    "kernel launch": "#7F7F7F",
-    "other": "#BBBBBB",
-}
-_RULES = [  # first match wins; matched against the lower-cased name
-    ("host sync", ("synchronize", "aten::item", "_local_scalar_dense")),
-    ("kernel launch", ("launchkernel", "graphlaunch")),
-    ("attention", ("scaled_dot_product", "fmha", "flash", "attention", "attn")),
-    ("GEMM", ("linear", "aten::mm", "addmm", "matmul", "gemm", "gemv", "cutlass", "cublas",
-              "xmma", "sm90_", "sm80_")),
-    ("reduction", ("mean", "argmax", "reduce", "sum")),
-    ("copy / cat / index", ("copy", "cat", "memcpy", "memset", "index", "embedding", "aten::to",
-                            "contiguous", "fill", "stack")),
-    ("elementwise", ("mul", "add", "neg", "rsqrt", "silu", "pow", "sin", "cos", "elementwise",
-                     "vectorized", "unrolled", "arange", "sub", "div", "where", "le")),
-]
-
+COLORS = dict(zip(T.KINDS, [PALETTE[0], PALETTE[3], PALETTE[5], PALETTE[2], PALETTE[4],
+                            "#D7191C", "#7F7F7F", "#BBBBBB"]))
 IDLE = "#D7191C"  # the GPU running nothing, in plot_step_kernels
 
 LANES = ["decode step", "CPU: ATen ops", "CPU: CUDA API", "GPU: kernels"]
-
-
-def kind_of(name: str) -> str:
-    """The kind of a trace slice (GEMM, attention, ...) judged from its name."""
-    low = name.lower()
-    for kind, needles in _RULES:
-        if any(n in low for n in needles):
-            return kind
-    return "other"
 
 
 def _lane_slices(trace: dict, t0: float, t1: float, step_name: str):
@@ -59,17 +30,17 @@ def _lane_slices(trace: dict, t0: float, t1: float, step_name: str):
     def overlapping(events):
         return [e for e in events if e.end > t0 and e.ts < t1]
 
-    steps = overlapping(P.step_events(trace, step_name))
-    ops = overlapping(P.top_level_ops(trace))
-    api = overlapping(P._events(trace, P.API_CATS))
-    gpu = overlapping(P._events(trace, P.GPU_CATS))
+    steps = overlapping(T.step_events(trace, step_name))
+    ops = overlapping(T.top_level_ops(trace))
+    api = overlapping(T.events(trace, T.API_CATS))
+    gpu = overlapping(T.events(trace, T.GPU_CATS))
     return {"decode step": steps, "CPU: ATen ops": ops, "CPU: CUDA API": api,
             "GPU: kernels": gpu}
 
 
 def _draw(ax, trace: dict, t0: float, t1: float, step_name: str, flows: bool, unit: str):
     scale = 1e-3 if unit == "ms" else 1.0  # trace times are microseconds
-    step_numbers = {e.ts: i for i, e in enumerate(P.step_events(trace, step_name), start=1)}
+    step_numbers = {e.ts: i for i, e in enumerate(T.step_events(trace, step_name), start=1)}
     lanes = _lane_slices(trace, t0, t1, step_name)
     width_px = ax.get_window_extent().width or 800
     min_width = (t1 - t0) / width_px  # thinner slices are drawn one pixel wide, as in Perfetto
@@ -83,18 +54,21 @@ def _draw(ax, trace: dict, t0: float, t1: float, step_name: str, flows: bool, un
                 k = step_numbers[e.ts]
                 ax.broken_barh([((x0 - t0) * scale, (x1 - x0) * scale)], (y - height / 2, height),
                                facecolors="#E4E4E4" if k % 2 else "#CFCFCF", edgecolors="white")
-                ax.text(((x0 + x1) / 2 - t0) * scale, y, f"step {k}", ha="center", va="center",
+                wide = (x1 - x0) / (t1 - t0) * width_px  # the bar's width in pixels
+                label = f"step {k}" if wide > 45 else f"{k}" if wide > 14 else ""
+                ax.text(((x0 + x1) / 2 - t0) * scale, y, label, ha="center", va="center",
                         fontsize=8, clip_on=True)
             continue
         bars = [((e.ts - t0) * scale, max(e.dur, min_width) * scale) for e in events]
-        colors = [KINDS[kind_of(e.name)] for e in events]
+        colors = [COLORS[T.kind_of(e.name)] for e in events]
         ax.broken_barh(bars, (y - height / 2, height), facecolors=colors, linewidth=0,
                        antialiased=False)
         if lane == "CPU: CUDA API":  # mark host syncs, however short, as Perfetto flags them
-            syncs = [(e.ts - t0) * scale for e in events if P._is_sync(e.name)]
+            syncs = [(e.ts - t0) * scale for e in events if T.is_sync(e.name)]
             if syncs:
                 ax.plot(syncs, [y + height / 2 + 0.12] * len(syncs), "v", ms=5, zorder=5,
-                        color=KINDS["host sync"])
+                        color=COLORS["host sync"])
+    joined = 0
     if flows:
         by_corr = {e.correlation: e for e in lanes["CPU: CUDA API"] if e.correlation is not None}
         y_api, y_gpu = len(LANES) - 3, len(LANES) - 4
@@ -104,27 +78,29 @@ def _draw(ax, trace: dict, t0: float, t1: float, step_name: str, flows: bool, un
                 ax.plot([(launch.ts - t0) * scale, (k.ts - t0) * scale],
                         [y_api - height / 2, y_gpu + height / 2], color="#555555", lw=0.5,
                         alpha=0.6)
+                joined += 1
     ax.set_yticks(range(len(LANES)))
     ax.set_yticklabels(list(reversed(LANES)))
     ax.set_ylim(-0.6, len(LANES) - 0.4)
     ax.set_xlim(0, (t1 - t0) * scale)
     ax.set_xlabel(f"time ({'ms' if unit == 'ms' else 'µs'}) from the start of the window")
     ax.grid(axis="y", visible=False)
+    return joined
 
 
 def plot_timeline(trace: dict, *, steps: int = 2, zoom: tuple[float, float] | None = None,
-                  step_name: str = P.STEP, title: str | None = None):
+                  step_name: str = STEP, title: str | None = None):
     """Lanes of CPU ops, CUDA API calls and GPU work over `steps` decode steps, plus a zoom.
 
     `zoom` is a (start, end) window in microseconds from the first drawn step's start; by
     default the last fifth of the first step and the start of the next, where one step hands
     over to the next (and where a naive loop waits for the GPU).
     """
-    step_ranges = P.step_events(trace, step_name)[:steps]
+    step_ranges = T.step_events(trace, step_name)[:steps]
     if not step_ranges:
         raise ValueError(f"no {step_name!r} ranges in the trace")
     t0 = step_ranges[0].ts
-    gpu_ends = [e.end for e in P._events(trace, P.GPU_CATS) if e.ts < step_ranges[-1].end]
+    gpu_ends = [e.end for e in T.events(trace, T.GPU_CATS) if e.ts < step_ranges[-1].end]
     t1 = max([step_ranges[-1].end] + gpu_ends)
     if zoom is None:
         first = step_ranges[0]
@@ -134,31 +110,22 @@ def plot_timeline(trace: dict, *, steps: int = 2, zoom: tuple[float, float] | No
     fig.canvas.draw()  # sizes the axes, so one pixel can be converted to microseconds
     _draw(top, trace, t0, t1, step_name, flows=False, unit="ms")
     z0, z1 = t0 + zoom[0], t0 + zoom[1]
-    _draw(bottom, trace, z0, z1, step_name, flows=True, unit="us")
+    joined = _draw(bottom, trace, z0, z1, step_name, flows=True, unit="us")
     top.axvspan(zoom[0] / 1e3, zoom[1] / 1e3, color="#FFE680", alpha=0.6, lw=0, zorder=-1)
     top.set_title(title or f"{len(step_ranges)} decode steps", loc="left")
-    bottom.set_title(f"zoom: {zoom[1] - zoom[0]:.0f} µs (the shaded window above); lines join "
-                     "a launch to its kernel", loc="left", fontweight="normal", fontsize=9)
+    lines = "; lines join a launch to its kernel" if joined else ""
+    bottom.set_title(f"zoom: {zoom[1] - zoom[0]:.0f} µs (the shaded window above){lines}",
+                     loc="left", fontweight="normal", fontsize=9)
     drawn = _lane_slices(trace, t0, t1, step_name)
-    used = {kind_of(e.name) for lane, events in drawn.items() if lane != "decode step"
+    used = {T.kind_of(e.name) for lane, events in drawn.items() if lane != "decode step"
             for e in events}
-    handles = [Patch(color=c, label=k) for k, c in KINDS.items() if k in used]
+    handles = [Patch(color=c, label=k) for k, c in COLORS.items() if k in used]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4),
                fontsize=8)
     return fig
 
 
-def step_kernels(trace: dict, step: int = 2, step_name: str = P.STEP) -> list:
-    """The GPU work (kernels, copies) launched inside decode step number `step` (1-based)."""
-    w = P._step_work(trace, step_name)
-    if not 1 <= step <= len(w.steps):
-        raise ValueError(f"step {step} is not among the trace's {len(w.steps)} steps")
-    ranges = P._Ranges(w.steps)
-    target = w.steps[step - 1]
-    return [e for e in w.gpu if ranges.holding(w.launched_by[e.correlation]) is target]
-
-
-def plot_step_kernels(traces: dict[str, dict], *, step: int = 2, step_name: str = P.STEP,
+def plot_step_kernels(traces: dict[str, dict], *, step: int = 2, step_name: str = STEP,
                       title: str | None = None):
     """The GPU lane of one decode step of each trace, one row per trace, on a common time axis
     (microseconds from the step's first kernel), with the time the GPU sat idle between the
@@ -168,17 +135,14 @@ def plot_step_kernels(traces: dict[str, dict], *, step: int = 2, step_name: str 
     labels = list(traces)
     for row, label in enumerate(labels):
         y = len(labels) - 1 - row
-        work = sorted(step_kernels(traces[label], step, step_name), key=lambda e: e.ts)
-        for kind in {kind_of(e.name) for e in work}:
+        work = T.step_kernels(traces[label], step, step_name)
+        t0 = work[0].ts if work else 0.0
+        for kind in {T.kind_of(e.name) for e in work}:
             used.add(kind)
-            ax.broken_barh([(e.ts - work[0].ts, e.dur) for e in work if kind_of(e.name) == kind],
-                           (y - 0.2, 0.5), facecolors=KINDS[kind], linewidth=0,
+            ax.broken_barh([(e.ts - t0, e.dur) for e in work if T.kind_of(e.name) == kind],
+                           (y - 0.2, 0.5), facecolors=COLORS[kind], linewidth=0,
                            antialiased=False)
-        idle, busy_until = [], work[0].ts if work else 0.0
-        for e in work:
-            if e.ts > busy_until:
-                idle.append((busy_until - work[0].ts, e.ts - busy_until))
-            busy_until = max(busy_until, e.end)
+        idle = [(a - t0, b - a) for a, b in T.gaps([(e.ts, e.end) for e in work])]
         ax.broken_barh(idle, (y - 0.36, 0.12), facecolors=IDLE, linewidth=0, antialiased=False)
     ax.set_yticks(range(len(labels)))
     ax.set_yticklabels(list(reversed(labels)))
@@ -187,7 +151,7 @@ def plot_step_kernels(traces: dict[str, dict], *, step: int = 2, step_name: str 
     ax.set_xlabel(f"time (µs) from the first kernel of decode step {step}")
     ax.grid(axis="y", visible=False)
     ax.set_title(title or f"the GPU lane of decode step {step}", loc="left")
-    handles = [Patch(color=c, label=k) for k, c in KINDS.items() if k in used]
+    handles = [Patch(color=c, label=k) for k, c in COLORS.items() if k in used]
     handles.append(Patch(color=IDLE, label="GPU idle"))
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5),
                fontsize=8)

@@ -1,5 +1,5 @@
 """Compare two recordings of a chapter, number by number:
-`python -m gpuinfer.compare BASELINE.ipynb YOURS.ipynb`.
+`python -m gpuinfer.publish.compare BASELINE.ipynb YOURS.ipynb`.
 
 Every number in a chapter's prose is glued from its run (myst_nb.glue), and the glued values
 are stored in the executed notebook. So the recording made on the book's H200 and one made
@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from gpuinfer.recordings import METADATA_KEY
+from gpuinfer.publish.recordings import METADATA_KEY
 
 GLUE_PREFIX = "application/papermill.record/"  # myst_nb.glue(..., display=False)
 NUMBER = re.compile(r"^(?:np\.\w+\()?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\s*\)?$")
@@ -63,7 +63,7 @@ def compare(baseline: Path | str, yours: Path | str) -> list[tuple[str, str, str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuinfer.compare",
+    parser = argparse.ArgumentParser(prog="python -m gpuinfer.publish.compare",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("baseline", type=Path, help="e.g. the H200 recording of the chapter")
     parser.add_argument("yours", type=Path, help="e.g. book/_recorded/01_roofline.ipynb")

@@ -3,7 +3,7 @@
 myst-nb runs in `cache` mode: it looks each chapter up in its jupyter-cache (in _build/) by a
 hash of the chapter's code cells, and executes the chapter only when it is not there. At the
 start of a build, this extension puts every chapter whose recording is fresh (see
-gpuinfer.recordings) into that cache, as myst-nb would have stored it after executing it: the
+gpuinfer.publish.recordings) into that cache, as myst-nb would have stored it after executing it: the
 chapter read by myst-nb's own reader, with the outputs of the recording's code cells. So a
 build with fresh recordings executes nothing. A chapter without a valid recording (stale,
 missing, corrupt, a CPU smoke run) is left to myst-nb, which executes it on this machine's
@@ -13,7 +13,8 @@ re-records it.
 Under the title of each chapter page goes the recording's provenance, with download links
 (or, for a preview, a banner saying that its outputs are not GPU results). The recording
 and the package modules a chapter imports are Sphinx dependencies of its page, so an
-incremental build picks up a re-recording or a change of the package.
+incremental build picks up a re-recording or a change of the package. The directive
+`{recorded-runtimes}` tabulates each chapter's recording: its state, GPU, date and run time.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
+from docutils import nodes
+from sphinx import addnodes
 from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
 
-from gpuinfer import recordings
+from gpuinfer.publish import recordings
+from gpuinfer.publish.sphinx_site import table
 
 logger = logging.getLogger(__name__)
 SEED_KEY = "gpuinfer_recording"  # cache record data: sha256 of the recording it came from
@@ -140,11 +145,12 @@ def box(status: recordings.Status, page_dir: Path) -> str:
         if artifacts_dir.is_dir() else []
     downloads = [_link("executed notebook", status.recording, page_dir)]
     downloads += [_link(f.relative_to(artifacts_dir).as_posix(), f, page_dir) for f in artifacts]
+    said = recordings.recorded_on(meta)
+    title = said[0].upper() + said[1:]
     if meta.get("smoke"):
-        title, kind = "CPU smoke recording: these outputs are not GPU results", "warning"
-        device = f"none, CPU only ({meta.get('cpu', '?')})"
+        kind, device = "warning", f"none, CPU only ({meta.get('cpu', '?')})"
     else:
-        title, kind = f"Recorded on an {meta.get('gpu')}", "note"
+        kind = "note"
         device = f"{meta.get('gpu')}, driver {meta.get('driver')}, CUDA {meta.get('cuda')}"
     return (f"```{{admonition}} {title}\n:class: {kind}\n\n"
             f"- **GPU:** {device}\n"
@@ -184,8 +190,44 @@ def add_box(app, docname: str, source: list[str]) -> None:
     source[0] = insert_after_title(source[0], box(status, page_dir))
 
 
+STATE_TEXT = {"fresh": "up to date", "stale": "stale (from an older version)",
+              "missing": "not recorded yet", "cpu": "CPU smoke run, not a GPU",
+              "corrupt": "unreadable"}
+
+
+class RecordedRuntimes(SphinxDirective):
+    """Per chapter: the state of its recording, the GPU, the date and the run time."""
+
+    def run(self):
+        root = Path(self.env.srcdir)
+        header = ["chapter", "recording", "GPU", "recorded", "run time (s)"]
+        rows, total, timed = [], 0.0, 0
+        found = getattr(self.env.app, "gpuinfer_status", {})  # from the start of the build
+        for chapter, path in recordings.chapters(root).items():
+            self.env.note_dependency(str(recordings.recording_path(path)))
+            docname = self.env.path2doc(str(path))
+            link = addnodes.pending_xref("", nodes.inline(text=chapter), refdomain="std",
+                                         reftype="doc", reftarget="/" + docname,
+                                         refexplicit=False, refdoc=self.env.docname)
+            status = found.get(docname) or recordings.status(root, chapter)
+            meta = status.provenance
+            # (a smoke recording is "fresh" only in test builds that accept it: say what it is)
+            shown = "cpu" if status.state == "fresh" and meta.get("smoke") else status.state
+            seconds = meta.get("seconds") if shown in ("fresh", "stale") else None
+            if isinstance(seconds, (int, float)):
+                total, timed = total + seconds, timed + 1
+            rows.append([link, STATE_TEXT[shown], meta.get("gpu") or "–",
+                         meta.get("date") or "–",
+                         f"{seconds:.0f}" if isinstance(seconds, (int, float)) else "–"])
+        if timed:
+            rows.append([nodes.strong(text="all chapters"), "", "", "",
+                         nodes.strong(text=f"{total:.0f}")])
+        return [table(header, rows, classes=("recorded-runtimes",))]
+
+
 def setup(app):
     app.add_config_value("gpuinfer_accept_cpu_recordings", False, "env")  # tests only
+    app.add_directive("recorded-runtimes", RecordedRuntimes)
     app.connect("builder-inited", seed_cache, priority=600)  # after myst-nb's (500)
     app.connect("source-read", add_box)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

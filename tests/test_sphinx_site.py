@@ -12,8 +12,9 @@ import pytest
 
 pytest.importorskip("sphinx.addnodes")  # the GPU machine runs the GPU tests without Sphinx
 
-from gpuinfer import recordings, roofline  # noqa: E402
-from gpuinfer.sphinx_site import add_download_buttons  # noqa: E402
+from gpuinfer import roofline  # noqa: E402
+from gpuinfer.publish import recordings  # noqa: E402
+from gpuinfer.publish.sphinx_site import add_download_buttons  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,7 +93,7 @@ def test_references_are_labelled_by_author_and_year(built_book):
 def test_author_year_labels():
     from pybtex.database import Entry, Person
 
-    from gpuinfer.sphinx_site import AuthorYearLabels
+    from gpuinfer.publish.sphinx_bib import AuthorYearLabels
 
     def entry(authors, year=None):
         e = Entry("misc", fields={"year": year} if year else {})

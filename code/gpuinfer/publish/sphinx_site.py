@@ -2,15 +2,10 @@
 
 - `{gpu-spec-table}`: the datasheet table of gpuinfer.roofline, rendered at build time, so
   that the appendix cannot drift from the numbers the chapters use.
-- `{recorded-runtimes}`: how long each chapter ran when it was recorded, read from the
-  provenance the record command stores in book/_recorded/<chapter>.ipynb.
 - The theme's download menu (top right of a page) gets the files a chapter page links for
   download from its recording (the executed notebook, profiler traces), next to the source.
 - Figures get alt text: gpuinfer.plots stores a description of every figure in its PNG, and
   it becomes the <img alt> here (instead of the file's name).
-- The references page labels each entry by author and year ("Williams et al., 2009"), as the
-  chapters cite it, instead of pybtex's alpha labels ("WWP09"): the bibliography style
-  `author_year_labels` (set in _config.yml).
 - Two fixes of the theme's page head, found by the browser test (tests/test_browser.py):
   the colour mode starts in "auto" (without it a first visit logs "Got invalid theme mode"),
   and sphinx-thebe's inline script, emitted twice, is emitted once (the second copy is a
@@ -19,18 +14,13 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 from docutils import nodes
-from pybtex.plugin import register_plugin
-from pybtex.richtext import Text
-from pybtex.style.formatting.plain import Style as PlainStyle
-from pybtex.style.labels import BaseLabelStyle
-from sphinx import addnodes
 from sphinx.util.docutils import SphinxDirective
 
-from gpuinfer import recordings, roofline
+from gpuinfer import roofline
+from gpuinfer.publish import recordings
 
 
 # --- tables --------------------------------------------------------------------------------
@@ -96,80 +86,6 @@ class GPUSpecTable(SphinxDirective):
         listed = "; ".join(f"{', '.join(names)}: {source}" for source, names in sources.items())
         note = nodes.paragraph("", "", nodes.emphasis(text="Sources. "), nodes.Text(listed + "."))
         return [table(header, rows, classes=("gpu-spec-table",)), note]
-
-
-class RecordedRuntimes(SphinxDirective):
-    """Per chapter: the state of its recording, the GPU, the date and the run time."""
-
-    def run(self):
-        root = Path(self.env.srcdir)
-        header = ["chapter", "recording", "GPU", "recorded", "run time (s)"]
-        rows, total, timed = [], 0.0, 0
-        for chapter, path in recordings.chapters(root).items():
-            self.env.note_dependency(str(recordings.recording_path(path)))
-            docname = self.env.path2doc(str(path))
-            link = addnodes.pending_xref("", nodes.inline(text=chapter), refdomain="std",
-                                         reftype="doc", reftarget="/" + docname,
-                                         refexplicit=False, refdoc=self.env.docname)
-            # The status the recordings extension found at the start of the build (with a
-            # recording it could not read marked corrupt); computed here only without it.
-            status = getattr(self.env.app, "gpuinfer_status", {}).get(docname) \
-                or recordings.status(root, chapter)
-            meta = status.provenance
-            # (a smoke recording is "fresh" only in test builds that accept it: say what it is)
-            shown = "cpu" if status.state == "fresh" and meta.get("smoke") else status.state
-            state = {"fresh": "up to date", "stale": "stale (from an older version)",
-                     "missing": "not recorded yet", "cpu": "CPU smoke run, not a GPU",
-                     "corrupt": "unreadable"}[shown]
-            seconds = meta.get("seconds") if shown in ("fresh", "stale") else None
-            if isinstance(seconds, (int, float)):
-                total, timed = total + seconds, timed + 1
-            rows.append([link, state, meta.get("gpu") or "–", meta.get("date") or "–",
-                         f"{seconds:.0f}" if isinstance(seconds, (int, float)) else "–"])
-        if timed:
-            rows.append([nodes.strong(text="all chapters"), "", "", "",
-                         nodes.strong(text=f"{total:.0f}")])
-        return [table(header, rows, classes=("recorded-runtimes",))]
-
-
-# --- bibliography labels ------------------------------------------------------------------
-
-def author_year(entry) -> str:
-    """"Williams et al., 2009": the first author's last name (with "and" the second's, when
-    there are two), and the year. A corporate author written in braces ({NVIDIA}) is kept
-    whole; LaTeX accents become Unicode."""
-    people = entry.persons.get("author") or entry.persons.get("editor") or []
-    names = [Text.from_latex(" ".join(p.last_names) or " ".join(p.first_names)).render_as("text")
-             for p in people]
-    if len(names) > 2 or (people and str(people[-1]) == "others"):
-        who = f"{names[0]} et al."
-    elif len(names) == 2:
-        who = f"{names[0]} and {names[1]}"
-    else:
-        who = names[0] if names else entry.fields.get("title", entry.key)
-    return f"{who}, {entry.fields.get('year', 'n.d.')}"
-
-
-class AuthorYearLabels(BaseLabelStyle):
-    """Author-year labels; the same label twice gets a, b, ... after the year ("n.d.-a" for
-    an undated one, as APA writes it)."""
-
-    def format_labels(self, sorted_entries):
-        labels = [author_year(e) for e in sorted_entries]
-        total, seen = Counter(labels), Counter()
-        for label in labels:
-            seen[label] += 1
-            suffix = chr(ord("a") + seen[label] - 1) if total[label] > 1 else ""
-            yield label + ("-" + suffix if suffix and label.endswith("n.d.") else suffix)
-
-
-class AuthorYearStyle(PlainStyle):
-    """pybtex's plain style (sorted by author, year, title) with `AuthorYearLabels`."""
-
-    default_label_style = AuthorYearLabels
-
-
-register_plugin("pybtex.style.formatting", "author_year_labels", AuthorYearStyle)
 
 
 # --- the download menu ---------------------------------------------------------------------
@@ -259,7 +175,6 @@ def default_color_mode(app, config) -> None:
 
 def setup(app):
     app.add_directive("gpu-spec-table", GPUSpecTable)
-    app.add_directive("recorded-runtimes", RecordedRuntimes)
     app.connect("config-inited", default_color_mode)
     app.connect("doctree-read", add_alt_text)
     app.connect("html-page-context", add_download_buttons, priority=600)

@@ -2,13 +2,16 @@
 
 A chapter is a file of the table of contents (`_toc.yml`) that is a MyST notebook. Its
 recording is the executed notebook `_recorded/<stem>.ipynb` beside it, written by
-`python -m gpuinfer.record` on the GPU, with its provenance in `metadata["gpuinfer"]` and
+`python -m gpuinfer.publish.record` on the GPU, with its provenance in `metadata["gpuinfer"]` and
 two hashes of what produced it:
 
 - chapter_hash: the chapter's code cells (editing the prose keeps a recording valid);
-- package_hash: the sources of the gpuinfer modules the chapter imports, followed through
-  the imports between them, plus gpuinfer/__init__.py (editing a module the chapter does
-  not use keeps it valid too).
+- package_hash: the gpuinfer modules the chapter imports, followed through the imports
+  between them, plus the `__init__.py` of every package on the way (editing a module the
+  chapter does not use keeps it valid too). A module is hashed as Python parses it, without
+  its docstrings (comments never reach the parse), so editing a comment or a docstring keeps
+  a recording valid; the chapter's own cells are hashed as written, since its page shows
+  them from the recording.
 
 Plain functions, no Sphinx: the record command, the Sphinx extension and the tests share them.
 """
@@ -16,21 +19,20 @@ Plain functions, no Sphinx: the record command, the Sphinx extension and the tes
 from __future__ import annotations
 
 import ast
+import base64
 import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-PACKAGE_DIR = Path(__file__).resolve().parent  # the gpuinfer sources that chapters import
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the gpuinfer sources chapters import
 METADATA_KEY = "gpuinfer"  # where a recording keeps its provenance
 REQUIRED_METADATA = ("chapter_hash", "package_hash", "modules", "smoke")
 STATES = ("fresh", "stale", "missing", "cpu", "corrupt")
 
 
 def record_command(chapter: str) -> str:
-    return (f"`python -m gpuinfer.record {chapter}` on a CUDA machine "
+    return (f"`python -m gpuinfer.publish.record {chapter}` on a CUDA machine "
             f"(on the book's H200: `bash scripts/gpu_record.sh {chapter}`)")
 
 
@@ -53,6 +55,8 @@ def is_myst_notebook(path: Path) -> bool:
     text = path.read_text(encoding="utf8")
     if not text.startswith("---"):
         return False
+    import yaml  # here, not at the top: the record command checks first that it is installed
+
     try:
         meta = yaml.safe_load(text.split("\n---", 1)[0][3:])
     except yaml.YAMLError:
@@ -65,6 +69,8 @@ def is_myst_notebook(path: Path) -> bool:
 
 def toc_files(root: Path | str) -> list[str]:
     """Every page of the TOC, as written there ('book/intro', 'book/01_roofline', ...)."""
+    import yaml
+
     return _toc_files(yaml.safe_load((Path(root) / "_toc.yml").read_text(encoding="utf8")))
 
 
@@ -166,23 +172,58 @@ def _dotted(path: Path, package_dir: Path) -> str:
 
 def imported_modules(sources: list[str], package_dir: Path = PACKAGE_DIR) -> list[str]:
     """The package modules that code imports, followed transitively, as sorted relative paths
-    ('__init__.py', 'env.py', ...). gpuinfer/__init__.py runs on any import, so it is always in."""
+    ('__init__.py', 'env.py', 'kernels/__init__.py', ...). Importing a module runs the
+    `__init__.py` of every package above it, so those are in too (gpuinfer's always)."""
     todo = [name for src in sources for name in _imported_names(_parse(src), None)]
     todo.append("gpuinfer")
     seen: set[Path] = set()
     while todo:
-        path = _module_file(todo.pop(), package_dir)
+        name = todo.pop()
+        path = _module_file(name, package_dir)
         if path is None or path in seen:
             continue
         seen.add(path)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages above
         tree = _parse(path.read_text(encoding="utf8"))
         todo += _imported_names(tree, _dotted(path, package_dir))
     return sorted(str(p.relative_to(package_dir).as_posix()) for p in seen)
 
 
+def _is_docstring(node: ast.AST) -> bool:
+    """A statement that is a bare string: a docstring, or an attribute's docstring after it
+    (either way it computes nothing)."""
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str))
+
+
+def _canonical(node) -> str:
+    """The parse tree as text, without positions, docstrings and empty fields. Not
+    `ast.dump`: that prints fields newer Pythons added (`type_params=[]` from 3.12 on), and a
+    recording made on the GPU's Python must read as fresh on the CI's older one."""
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(n) for n in node if not _is_docstring(n)) + "]"
+    if not isinstance(node, ast.AST):
+        return f"{type(node).__name__}:{node!r}"  # a constant, a name, an operator's id
+    fields = [(name, getattr(node, name, None)) for name in node._fields]
+    return type(node).__name__ + "(" + ",".join(
+        f"{name}={_canonical(value)}" for name, value in fields
+        if value is not None and value != []) + ")"
+
+
+def source_hash(source: str) -> str:
+    """sha256 of a module as Python parses it: comments, docstrings, blank lines and layout
+    do not count; a changed name, constant or statement does. Source that does not parse
+    is hashed as written (running it fails anyway)."""
+    try:
+        return _sha256(_canonical(ast.parse(source)).encode())
+    except SyntaxError:
+        return _sha256(source.replace("\r\n", "\n").encode())
+
+
 def module_hashes(modules: list[str], package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
-    """sha256 of each module's source (line endings normalised: a checkout may use CRLF)."""
-    return {m: _sha256((package_dir / m).read_bytes().replace(b"\r\n", b"\n")) for m in modules}
+    """`source_hash` of each module."""
+    return {m: source_hash((package_dir / m).read_text(encoding="utf8")) for m in modules}
 
 
 def package_hash(hashes: dict[str, str]) -> str:
@@ -219,8 +260,17 @@ class Status:
                 f"Re-record it with {record_command(self.chapter)}.")
 
 
+def recorded_on(meta: dict) -> str:
+    """Where and when a recording ran, as every page says it: 'recorded on an NVIDIA H200,
+    2026-12-01 09:33 UTC', or, for a CPU smoke run, a warning in place of the GPU."""
+    where = ("a CPU smoke run, not GPU results" if meta.get("smoke")
+             else f"recorded on an {meta.get('gpu')}")
+    return f"{where}, {meta.get('date', '?')}"
+
+
 def read_provenance(recording: Path) -> dict:
-    """metadata["gpuinfer"] of a recording; ValueError/OSError when it is unreadable."""
+    """metadata["gpuinfer"] of a recording, once its outputs are checked (`check_outputs`);
+    ValueError/OSError when it is unreadable or damaged."""
     with open(recording, encoding="utf8") as f:
         nb = json.load(f)
     meta = nb.get("metadata", {}).get(METADATA_KEY) if isinstance(nb, dict) else None
@@ -231,7 +281,34 @@ def read_provenance(recording: Path) -> dict:
         raise ValueError(f"metadata['{METADATA_KEY}'] lacks {', '.join(missing)}")
     if not isinstance(nb.get("cells"), list):
         raise ValueError("no cells")
+    check_outputs(nb)
     return meta
+
+
+# What each kind of output must hold for myst-nb to render it.
+OUTPUT_FIELDS = {"display_data": "data", "execute_result": "data", "stream": "text",
+                 "error": "ename"}
+
+
+def check_outputs(nb: dict) -> None:
+    """Raise ValueError, naming the cell and the output, if an output of the notebook is one
+    that would stop the page from rendering: of an unknown type, without its data, or with
+    an image that is not base64. (Valid JSON can still be damaged inside.)"""
+    for i, cell in enumerate(nb["cells"], start=1):
+        for j, out in enumerate(cell.get("outputs", []) if isinstance(cell, dict) else [], 1):
+            where = f"cell {i}, output {j}"
+            kind = out.get("output_type") if isinstance(out, dict) else None
+            if kind not in OUTPUT_FIELDS:
+                raise ValueError(f"{where}: unknown output type {kind!r}")
+            if OUTPUT_FIELDS[kind] not in out:
+                raise ValueError(f"{where}: a {kind} output without '{OUTPUT_FIELDS[kind]}'")
+            for mime, value in out.get("data", {}).items():
+                if mime.startswith("image/") and mime != "image/svg+xml":
+                    try:
+                        text = "".join(value) if isinstance(value, list) else value
+                        base64.b64decode("".join(text.split()), validate=True)  # lines ok
+                    except (AttributeError, TypeError, ValueError):
+                        raise ValueError(f"{where}: its {mime} is not base64") from None
 
 
 def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
@@ -269,5 +346,4 @@ def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
     if meta["smoke"] and not accept_cpu:
         return result("cpu", f"{shown} is a CPU smoke recording (made with --allow-cpu), "
                       "not GPU results", meta)
-    where = meta.get("gpu") or "the CPU (smoke recording)"
-    return result("fresh", f"recorded on {where} on {meta.get('date', '?')}", meta)
+    return result("fresh", recorded_on(meta), meta)

@@ -1,0 +1,159 @@
+"""The two ends of a greedy decode step: the embedding row of the input token
+tokens[pos], and the final RMSNorm + lm_head GEMV + argmax that writes tokens[pos + 1]
+and advances pos.
+
+The argmax has two stages. Each lm_head program finds the maximum of its block of logits
+(the first index on a tie, as torch.argmax) and writes it out; then either the last
+program to finish (`arrive`) reduces the per-block maxima, or a one-program kernel
+launched after does (`argmax_reduce_kernel`). Reduced in block order with a strict
+comparison, the winner is the first index of the maximum over the whole vocabulary.
+The logits are rounded to the activations' dtype first, as PyTorch's argmax sees them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gpuinfer.kernels.common import (arrive, check_pow2, launch_options, pdl_wait,
+                                     round_to)
+from gpuinfer.kernels.gemv import GemvConfig, prefetch, rows_dot
+from gpuinfer.kernels.quant import Int8Matrix, matvec_fp32, unpack
+from gpuinfer.static_decode import rms_norm
+
+
+@triton.jit
+def pick_token(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr, capacity,
+               BLOCK_R: tl.constexpr, N_CHUNKS: tl.constexpr):
+    """tokens[pos + 1] = the index of the largest of n_blocks block maxima; pos += 1."""
+    lane = tl.arange(0, BLOCK_R)
+    best = tl.max(tl.full((BLOCK_R,), float("-inf"), tl.float32), axis=0)
+    best_idx = tl.sum(tl.zeros((BLOCK_R,), tl.int32), axis=0)
+    for c in range(N_CHUNKS):
+        i = c * BLOCK_R + lane
+        vals = tl.load(best_ptr + i, mask=i < n_blocks, other=float("-inf"),
+                       cache_modifier=".cg")
+        idxs = tl.load(best_idx_ptr + i, mask=i < n_blocks, other=0,
+                       cache_modifier=".cg")
+        top = tl.max(vals, axis=0)
+        at = tl.argmax(vals, axis=0, tie_break_left=True)
+        top_idx = tl.sum(tl.where(lane == at, idxs, 0), axis=0)
+        better = top > best  # strict: an earlier chunk wins a tie
+        best_idx = tl.where(better, top_idx, best_idx)
+        best = tl.maximum(best, top)
+    pos = tl.load(pos_ptr)
+    tl.store(tokens_ptr + pos + 1, best_idx.to(tl.int64), mask=pos + 1 < capacity)
+    tl.store(pos_ptr, pos + 1)
+
+
+@triton.jit
+def lm_head_argmax_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, logits_ptr, best_ptr,
+                          best_idx_ptr, cnt_ptr, tokens_ptr, pos_ptr, N, K, stride_w,
+                          eps, capacity, NORM: tl.constexpr, SCALED: tl.constexpr,
+                          K_NORM: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          N_TILES: tl.constexpr, BLOCK_R: tl.constexpr,
+                          N_CHUNKS: tl.constexpr, INLINE: tl.constexpr,
+                          PDL: tl.constexpr):
+    block = tl.program_id(0)
+    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    w, g, s = prefetch(w_ptr, stride_w, rows, rows < N, 0, K, norm_ptr, scale_ptr, NORM,
+                       SCALED, BLOCK_K)
+    pdl_wait(PDL)
+    acc = rows_dot(w, g, s, w_ptr, stride_w, rows, rows < N, x_ptr, K, 0, K, norm_ptr,
+                   eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES)
+    dt = logits_ptr.dtype.element_ty
+    y = round_to(acc, dt)
+    tl.store(logits_ptr + rows, y.to(dt), mask=rows < N)
+    y = tl.where(rows < N, y, float("-inf"))
+    at = tl.argmax(y, axis=0, tie_break_left=True)
+    tl.store(best_ptr + block, tl.max(y, axis=0))
+    tl.store(best_idx_ptr + block, block * BLOCK_N + at)
+    if INLINE:
+        if arrive(cnt_ptr, tl.num_programs(0)):
+            pick_token(best_ptr, best_idx_ptr, tl.num_programs(0), tokens_ptr, pos_ptr,
+                       capacity, BLOCK_R, N_CHUNKS)
+
+
+@triton.jit
+def argmax_reduce_kernel(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr,
+                         capacity, BLOCK_R: tl.constexpr, N_CHUNKS: tl.constexpr,
+                         PDL: tl.constexpr):
+    pdl_wait(PDL)
+    pick_token(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr, capacity, BLOCK_R,
+               N_CHUNKS)
+
+
+@triton.jit
+def embed_kernel(embed_ptr, tokens_ptr, pos_ptr, x_ptr, hidden, stride_e,
+                 BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """x = embed[tokens[pos]]."""
+    pdl_wait(PDL)  # pos and the token come from the previous step
+    token = tl.load(tokens_ptr + tl.load(pos_ptr))
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.load(embed_ptr + token * stride_e + cols, mask=cols < hidden)
+    tl.store(x_ptr + cols, row, mask=cols < hidden)
+
+
+class ArgmaxWorkspace:
+    """Per-block maxima and their indices, and the arrival counter, allocated once.
+    block_r: the chunk the last lm_head program reduces at a time (inline argmax); kept
+    small, since the registers it takes are the whole kernel's."""
+
+    def __init__(self, device, n_blocks: int, block_r: int = 2048):
+        self.block_r = block_r
+        self.best = torch.empty(n_blocks, device=device, dtype=torch.float32)
+        self.best_idx = torch.empty(n_blocks, device=device, dtype=torch.int32)
+        self.counter = torch.zeros(1, device=device, dtype=torch.int32)
+
+
+def lm_head_argmax(w: torch.Tensor | Int8Matrix, x: torch.Tensor, logits: torch.Tensor,
+                   tokens: torch.Tensor, pos: torch.Tensor, *,
+                   norm: torch.Tensor | None = None, eps: float = 1e-5,
+                   config: GemvConfig = GemvConfig(), inline: bool = True,
+                   pdl: bool = False, workspace: ArgmaxWorkspace | None = None) -> None:
+    """logits = W @ RMSNorm(x); tokens[pos + 1] = argmax(logits); pos += 1.
+    tokens: one row (capacity,) of int64; pos: a one-element int64 tensor."""
+    w, scale = unpack(w)
+    n, k = w.shape
+    if config.split_k != 1:
+        raise ValueError("the lm_head argmax has no split-K (one program per block)")
+    blocks = triton.cdiv(n, config.block_n)
+    ws = workspace or ArgmaxWorkspace(w.device, blocks)
+    if ws.best.numel() < blocks:
+        raise ValueError(f"argmax workspace holds {ws.best.numel()} blocks, "
+                         f"need {blocks}")
+    lm_head_argmax_kernel[(blocks,)](
+        w, scale, x, norm, logits, ws.best, ws.best_idx, ws.counter, tokens, pos,
+        n, k, w.stride(0), eps, tokens.numel(),
+        NORM=norm is not None, SCALED=scale is not None,
+        K_NORM=triton.next_power_of_2(k), BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, N_TILES=config.tiles(k), BLOCK_R=ws.block_r,
+        N_CHUNKS=triton.cdiv(blocks, ws.block_r), INLINE=inline, PDL=pdl,
+        **launch_options(config.num_warps, config.num_stages, pdl))
+    if not inline:
+        # one program, as wide as it takes to read every block maximum at once: a loop
+        # of chunks would be one L2 round trip after another
+        block_r = min(16384, triton.next_power_of_2(blocks))
+        argmax_reduce_kernel[(1,)](
+            ws.best, ws.best_idx, blocks, tokens, pos, tokens.numel(),
+            BLOCK_R=block_r, N_CHUNKS=triton.cdiv(blocks, block_r), PDL=pdl,
+            **launch_options(max(4, min(16, block_r // 1024)), 1, pdl))
+
+
+def embed(table: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor,
+          x: torch.Tensor, *, block: int = 1024, pdl: bool = False) -> None:
+    """x = table[tokens[pos]] for one row `tokens` (capacity,) and pos (1,)."""
+    hidden = table.shape[1]
+    check_pow2(block=block)
+    embed_kernel[(triton.cdiv(hidden, block),)](
+        table, tokens, pos, x, hidden, table.stride(0), BLOCK=block, PDL=pdl,
+        **launch_options(4, 1, pdl))
+
+
+def lm_head_argmax_reference(w, x, *, norm=None, eps=1e-5):
+    """(logits, token): F.linear(RMSNorm(x), W) in FP32, rounded; torch.argmax."""
+    xn = x if norm is None else rms_norm(x, norm, eps)
+    logits = matvec_fp32(w, xn).to(x.dtype)
+    return logits, int(logits.argmax())

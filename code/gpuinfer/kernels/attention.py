@@ -1,0 +1,176 @@
+"""Decode attention at batch 1: one query per head over the cache slots 0..pos.
+
+Split-KV ("flash-decoding"): program (h, s) takes key/value head h with all of its
+`group` query heads at once (grouped-query attention: the keys and values are read
+once, not once per query head) and the s-th of `n_split` chunks of the slots 0..pos.
+The chunk length follows pos (a multiple of `block_s`), so the same launch, captured
+once in a CUDA graph, serves any context: from `n_split * block_s` slots on, every
+program of a head has a chunk; below that, only the first ceil((pos + 1) / block_s) do
+(4 of 32 at 256 slots), and the others write an empty partial. Each program runs the
+online softmax over its chunk, both products on the tensor cores (the group's few
+queries padded to the 16 rows tl.dot needs), and writes a partial (max, sum, weighted
+values); the partials of a head are then combined:
+
+- inline (default): the last program of head h to finish combines its head's
+  partials (`arrive`): no second kernel;
+- or by `attention_combine_kernel`, one program per head, launched after.
+
+The loop over a chunk is a while loop: its bounds depend on pos, a tensor, and
+Triton's interpreter cannot iterate a range over tensor bounds.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gpuinfer.kernels.common import (INTERPRETED, arrive, check_pow2, launch_options,
+                                     pdl_wait, round_to)
+
+
+@triton.jit
+def combine_head(part_ptr, o_ptr, h, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 N_SPLIT: tl.constexpr):
+    """o of head h's query heads from its N_SPLIT partials (in split order, in FP32)."""
+    ROW: tl.constexpr = HEAD_DIM + 2  # a partial row: acc[0:HEAD_DIM], max, sum
+    s = tl.arange(0, N_SPLIT)[:, None]
+    g = tl.arange(0, GROUP)[None, :]
+    row = ((h * N_SPLIT + s) * GROUP + g) * ROW  # (N_SPLIT, GROUP)
+    m = tl.load(part_ptr + row + HEAD_DIM, cache_modifier=".cg")
+    l = tl.load(part_ptr + row + HEAD_DIM + 1, cache_modifier=".cg")
+    m_max = tl.max(m, axis=0)  # finite: split 0 always holds slot 0
+    scale = tl.exp(m - m_max[None, :])  # 0 for an empty split (max -inf)
+    total = tl.sum(l * scale, axis=0)
+    d = tl.arange(0, HEAD_DIM)[None, None, :]
+    acc = tl.load(part_ptr + row[:, :, None] + d, cache_modifier=".cg")
+    o = tl.sum(acc * scale[:, :, None], axis=0) / total[:, None]  # (GROUP, HEAD_DIM)
+    dd = tl.arange(0, HEAD_DIM)[None, :]
+    out = o_ptr + (h * GROUP + tl.arange(0, GROUP)[:, None]) * HEAD_DIM + dd
+    dt = o_ptr.dtype.element_ty
+    tl.store(out, round_to(o, dt).to(dt))  # round_to: the interpreter truncates to BF16
+
+
+@triton.jit
+def attention_partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, o_ptr, cnt_ptr,
+                             cache_head_stride, scale,
+                             GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                             HEAD_DIM: tl.constexpr, N_SPLIT: tl.constexpr,
+                             BLOCK_S: tl.constexpr, UPCAST: tl.constexpr,
+                             INLINE_COMBINE: tl.constexpr, PDL: tl.constexpr):
+    h = tl.program_id(0)
+    s = tl.program_id(1)
+    pdl_wait(PDL)  # q and the newest key and value come from the last kernel
+    n = tl.load(pos_ptr) + 1  # slots 0..pos
+    chunk = tl.cdiv(tl.cdiv(n, N_SPLIT), BLOCK_S) * BLOCK_S
+    start = s * chunk
+    end = tl.minimum(start + chunk, n)
+    # The group's queries padded to GROUP_PAD >= 16 rows of zeros, the least tl.dot
+    # takes: both products run on the tensor cores, and the padding costs no memory.
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + (h * GROUP + g)[:, None] * HEAD_DIM + d[None, :],
+                mask=(g < GROUP)[:, None], other=0.0)
+    dt = q.dtype
+    # UPCAST: FP32 products in IEEE precision (no TF32), for FP32 caches, and under the
+    # interpreter, whose tl.dot cannot multiply BF16 (numpy has no BF16)
+    PRECISION: tl.constexpr = "ieee" if UPCAST else "tf32"
+    if UPCAST:
+        q = q.to(tl.float32)
+    m = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
+    l = tl.zeros((GROUP_PAD,), tl.float32)
+    acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
+    base = h.to(tl.int64) * cache_head_stride
+    while start < end:
+        slots = start + tl.arange(0, BLOCK_S)
+        valid = slots < end
+        at = base + slots[:, None] * HEAD_DIM + d[None, :]
+        k = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
+        v = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        # p rounded to the cache's dtype for the second product, as flash attention does
+        pv = tl.dot(round_to(p, dt).to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+        start += BLOCK_S
+    ROW: tl.constexpr = HEAD_DIM + 2
+    row = part_ptr + ((h * N_SPLIT + s) * GROUP + g) * ROW
+    real = g < GROUP
+    tl.store(row[:, None] + d[None, :], acc, mask=real[:, None])
+    tl.store(row + HEAD_DIM, m, mask=real)
+    tl.store(row + HEAD_DIM + 1, l, mask=real)
+    if INLINE_COMBINE:
+        if arrive(cnt_ptr + h, N_SPLIT):
+            combine_head(part_ptr, o_ptr, h, GROUP, HEAD_DIM, N_SPLIT)
+
+
+@triton.jit
+def attention_combine_kernel(part_ptr, o_ptr, GROUP: tl.constexpr,
+                             HEAD_DIM: tl.constexpr, N_SPLIT: tl.constexpr,
+                             PDL: tl.constexpr):
+    pdl_wait(PDL)
+    combine_head(part_ptr, o_ptr, tl.program_id(0), GROUP, HEAD_DIM, N_SPLIT)
+
+
+class AttentionWorkspace:
+    """The partials (kv_heads, n_split, group, head_dim + 2) FP32 and the per-head
+    arrival counters of the inline combine, allocated once."""
+
+    def __init__(self, device, n_kv: int, group: int, head_dim: int, n_split: int):
+        self.n_split = n_split
+        self.partials = torch.empty(n_kv * n_split * group * (head_dim + 2),
+                                    device=device, dtype=torch.float32)
+        self.counters = torch.zeros(n_kv, device=device, dtype=torch.int32)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     pos: torch.Tensor, out: torch.Tensor | None = None, *,
+                     n_split: int = 16, block_s: int = 64, num_warps: int = 4,
+                     num_stages: int = 1, inline_combine: bool = True,
+                     pdl: bool = False,
+                     workspace: AttentionWorkspace | None = None) -> torch.Tensor:
+    """Attention of q (heads * d,) on slots 0..pos of k_cache, v_cache (kv_heads,
+    capacity, d); pos a one-element tensor. Returns (heads * d,) in q's dtype."""
+    n_kv, capacity, head_dim = k_cache.shape
+    group = q.numel() // (n_kv * head_dim)
+    check_pow2(group=group, head_dim=head_dim, n_split=n_split, block_s=block_s)
+    if head_dim < 16 or block_s < 16:
+        raise ValueError("tl.dot needs head_dim >= 16 and block_s >= 16")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the cache must be contiguous")
+    out = torch.empty_like(q) if out is None else out
+    ws = workspace or AttentionWorkspace(q.device, n_kv, group, head_dim, n_split)
+    if ws.n_split != n_split or ws.counters.numel() < n_kv:
+        raise ValueError("the workspace was made for another n_split or head count")
+    attention_partial_kernel[(n_kv, n_split)](
+        q, k_cache, v_cache, pos, ws.partials, out, ws.counters,
+        capacity * head_dim, head_dim**-0.5,
+        GROUP=group, GROUP_PAD=max(16, group), HEAD_DIM=head_dim, N_SPLIT=n_split,
+        BLOCK_S=block_s, UPCAST=INTERPRETED or q.dtype == torch.float32,
+        INLINE_COMBINE=inline_combine, PDL=pdl,
+        **launch_options(num_warps, num_stages, pdl))
+    if not inline_combine:
+        attention_combine_kernel[(n_kv,)](
+            ws.partials, out, GROUP=group, HEAD_DIM=head_dim, N_SPLIT=n_split, PDL=pdl,
+            **launch_options(num_warps, 1, pdl))
+    return out
+
+
+def decode_attention_reference(q, k_cache, v_cache, pos: int) -> torch.Tensor:
+    """Softmax(q k^T / sqrt(d)) v over slots 0..pos in FP32, query head j on key/value
+    head j // group as transformers pairs them; (heads * d,) in q's dtype."""
+    n_kv, _, head_dim = k_cache.shape
+    group = q.numel() // (n_kv * head_dim)
+    qf = q.float().view(n_kv, group, head_dim)
+    keys = k_cache[:, : pos + 1].float()
+    values = v_cache[:, : pos + 1].float()
+    scores = qf @ keys.transpose(1, 2) * head_dim**-0.5  # (kv, group, slots)
+    return (scores.softmax(-1) @ values).reshape(-1).to(q.dtype)

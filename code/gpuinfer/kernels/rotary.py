@@ -1,0 +1,130 @@
+"""The q/k/v projection with the rotary embedding and KV-cache write in its epilogue.
+
+Llama's rotary embedding (transformers' rotate_half convention) mixes dimension d of a
+head with dimension d + head_dim/2 of the same head:
+
+    out[d]        = q[d] cos[d]        - q[d + half] sin[d]
+    out[d + half] = q[d + half] cos[d + half] + q[d] sin[d + half]
+
+so each program computes rows in such pairs (tile row 2i is dimension d, row 2i + 1 is
+d + half) and rotates them in registers. The epilogue then writes the query heads to `q`
+and the key and value heads straight into slot `pos` of the cache: no q/k/v vector,
+no separate rotary or cache-update kernel. With split-K the last program of a block of
+pairs rotates the finished sums (`split_k_sum`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gpuinfer.kernels.common import (Workspace, launch_options, pdl_wait, round_to,
+                                     split_k_sum)
+from gpuinfer.kernels.gemv import GemvConfig, prefetch, rows_dot, workspace_for
+from gpuinfer.kernels.quant import Int8Matrix, matvec_fp32, unpack
+from gpuinfer.static_decode import rms_norm, rotate_half
+
+
+@triton.jit
+def qkv_rope_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+                    cos_ptr, sin_ptr, pos_ptr, ws_ptr, cnt_ptr,
+                    K, stride_w, k_per_split, eps, cache_head_stride,
+                    N_HEADS: tl.constexpr, N_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    NORM: tl.constexpr, SCALED: tl.constexpr, K_NORM: tl.constexpr,
+                    BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, N_TILES: tl.constexpr,
+                    SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+    HALF: tl.constexpr = HEAD_DIM // 2
+    N_PAIRS: tl.constexpr = (N_HEADS + 2 * N_KV) * HALF
+    block = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    r = tl.arange(0, 2 * BLOCK_N)
+    p = block * BLOCK_N + r // 2  # pair index: head p // HALF, dimension p % HALF
+    rows = (p // HALF) * HEAD_DIM + p % HALF + (r % 2) * HALF
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    w, g, s = prefetch(w_ptr, stride_w, rows, p < N_PAIRS, k_lo, k_hi, norm_ptr,
+                       scale_ptr, NORM, SCALED, BLOCK_K)
+    pdl_wait(PDL)
+    # pos and this position's cos/sin now, so that they arrive while the dot runs
+    pp = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    valid = pp < N_PAIRS
+    head = tl.where(valid, pp // HALF, 0)
+    d = pp % HALF
+    pos = tl.load(pos_ptr)
+    table = pos * HEAD_DIM + d
+    cos_lo = tl.load(cos_ptr + table).to(tl.float32)
+    cos_hi = tl.load(cos_ptr + table + HALF).to(tl.float32)
+    sin_lo = tl.load(sin_ptr + table).to(tl.float32)
+    sin_hi = tl.load(sin_ptr + table + HALF).to(tl.float32)
+    acc = rows_dot(w, g, s, w_ptr, stride_w, rows, p < N_PAIRS, x_ptr, K, k_lo, k_hi,
+                   norm_ptr, eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES)
+    acc, last = split_k_sum(acc, ws_ptr, cnt_ptr, block, pid_k, SPLIT_K, 2 * BLOCK_N)
+    if last:
+        dt = q_ptr.dtype.element_ty
+        lo, hi = tl.split(tl.reshape(acc, (BLOCK_N, 2)))  # dimensions d and d + HALF
+        lo = round_to(lo, dt)  # F.linear's output in the activations' dtype
+        hi = round_to(hi, dt)
+        # q * cos + rotate_half(q) * sin, each product and the sum rounded as in PyTorch
+        rot_lo = round_to(round_to(lo * cos_lo, dt) + round_to(-hi * sin_lo, dt), dt)
+        rot_hi = round_to(round_to(hi * cos_hi, dt) + round_to(lo * sin_hi, dt), dt)
+        rotary = head < N_HEADS + N_KV  # queries and keys; values are not rotated
+        lo = tl.where(rotary, rot_lo, lo).to(dt)
+        hi = tl.where(rotary, rot_hi, hi).to(dt)
+        is_q = valid & (head < N_HEADS)
+        q_at = q_ptr + head * HEAD_DIM + d
+        tl.store(q_at, lo, mask=is_q)
+        tl.store(q_at + HALF, hi, mask=is_q)
+        # heads N_HEADS.. are keys, then values: kv head h at slot pos of the cache
+        is_k = valid & rotary & (head >= N_HEADS)
+        is_v = valid & (head >= N_HEADS + N_KV)
+        kv_head = tl.where(is_v, head - N_HEADS - N_KV,
+                           tl.where(is_k, head - N_HEADS, 0))
+        slot = kv_head.to(tl.int64) * cache_head_stride + pos * HEAD_DIM + d
+        tl.store(k_cache_ptr + slot, lo, mask=is_k)
+        tl.store(k_cache_ptr + slot + HALF, hi, mask=is_k)
+        tl.store(v_cache_ptr + slot, lo, mask=is_v)
+        tl.store(v_cache_ptr + slot + HALF, hi, mask=is_v)
+
+
+def qkv_rope(w: torch.Tensor | Int8Matrix, x: torch.Tensor, q: torch.Tensor,
+             k_cache: torch.Tensor,
+             v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             pos: torch.Tensor, *, n_heads: int, norm: torch.Tensor | None = None,
+             eps: float = 1e-5, config: GemvConfig = GemvConfig(), pdl: bool = False,
+             workspace: Workspace | None = None) -> None:
+    """q (n_heads * d,) = rotary(Wq xn); k_cache, v_cache (kv_heads, capacity, d): slot
+    pos = rotary(Wk xn), Wv xn. w is the stacked (q; k; v) matrix, xn = RMSNorm(x) when
+    `norm` is given; cos, sin (capacity, d) the rotary tables; pos a one-element
+    tensor."""
+    w, scale = unpack(w)
+    n_kv, capacity, head_dim = k_cache.shape
+    n_rows, k = w.shape
+    if n_rows != (n_heads + 2 * n_kv) * head_dim:
+        raise ValueError(f"{tuple(w.shape)} is not q, k, v of {n_heads}/{n_kv} heads")
+    tables = (k_cache, v_cache, cos, sin)
+    if not all(t.is_contiguous() for t in tables):
+        raise ValueError("the cache and the rotary tables must be contiguous")
+    n_pairs = n_rows // 2
+    ws = workspace_for(config, n_pairs, k, 2, workspace, w.device)
+    grid = config.grid(n_pairs, k)
+    qkv_rope_kernel[grid](
+        w, scale, x, norm, q, k_cache, v_cache, cos, sin, pos, ws.partials, ws.counters,
+        k, w.stride(0), config.k_per_split(k), eps, capacity * head_dim,
+        N_HEADS=n_heads, N_KV=n_kv, HEAD_DIM=head_dim, NORM=norm is not None,
+        SCALED=scale is not None, K_NORM=triton.next_power_of_2(k), BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, N_TILES=config.tiles(k), SPLIT_K=grid[1], PDL=pdl,
+        **launch_options(config.num_warps, config.num_stages, pdl))
+
+
+def qkv_rope_reference(w, x, cos, sin, pos: int, *, n_heads: int, n_kv: int,
+                       norm=None, eps=1e-5):
+    """(q (n_heads * d,), k (n_kv, d), v (n_kv, d)): StaticDecoder.logits' q/k/v and
+    rotary, op for op, with FP32 accumulation."""
+    head_dim = cos.shape[-1]
+    xn = x if norm is None else rms_norm(x, norm, eps)
+    qkv = matvec_fp32(w, xn).to(x.dtype).view(n_heads + 2 * n_kv, head_dim)
+    qk = qkv[: n_heads + n_kv]
+    qk = qk * cos[pos] + rotate_half(qk) * sin[pos]
+    return qk[:n_heads].reshape(-1), qk[n_heads:], qkv[n_heads + n_kv :]

@@ -1,0 +1,12 @@
+"""Publishing the book: recording chapters on the GPU and building the site from the
+recordings. No chapter imports this package.
+
+- recordings: which chapters the book has, and whether each one's recording is still valid
+- record: the command that records chapters (`python -m gpuinfer.publish.record`)
+- compare: two recordings of a chapter, glued value by glued value
+- sphinx_recordings: the Sphinx extension that builds the pages from the recordings, with
+  their provenance, and the table of the chapters' run times
+- sphinx_results: the results-at-a-glance table, read from the recordings' glued values
+- sphinx_site: the datasheet table, the download menu, figure alt text, page-head fixes
+- sphinx_bib: author-year labels for the references
+"""

@@ -1,0 +1,299 @@
+"""Record chapters on the GPU: `python -m gpuinfer.publish.record [chapter ...] [--allow-cpu]`.
+
+The book is the one of the current directory (the nearest folder at or above it with a
+`_toc.yml`), or `--root`. Each chapter (default: every chapter of the TOC) is executed in a
+fresh Jupyter kernel, with the chapter's folder as its working directory and
+GPUINFER_ARTIFACTS pointing at a scratch folder. Only when every cell succeeded is anything
+written: the executed notebook, with its provenance in metadata["gpuinfer"], replaces
+`book/_recorded/<chapter>.ipynb` atomically, and the artifacts (JSON traces gzipped) replace
+`book/_recorded/<chapter>/`. A failing cell, Ctrl-C or a kill leaves the previous recording
+byte-identical.
+
+Without a CUDA device it refuses to record, unless --allow-cpu: a CPU *smoke* recording,
+labelled as such, which the book's tests reject. It exists to try the mechanism.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuinfer.publish import recordings, store
+
+# Every module the recorder imports that is not in the standard library, with its pip name.
+REQUIRED = {"nbclient": "nbclient", "nbformat": "nbformat", "jupytext": "jupytext",
+            "ipykernel": "ipykernel", "myst_nb": "myst-nb", "yaml": "pyyaml",
+            "torch": "torch"}
+CELL_TIMEOUT_S = 900
+SIZE_LIMIT_MB = 20  # all recordings together, in the repository
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+class UsageError(Exception):
+    """Bad input: exit code 2 and a message that names the fix."""
+
+
+@dataclass
+class Result:
+    chapter: str
+    ok: bool
+    seconds: float
+    note: str  # "recorded, 1.2 MB" or why it failed
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def missing_packages() -> list[str]:
+    """The pip names of the required packages that do not import."""
+    missing = []
+    for module, package in REQUIRED.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(package)
+    return missing
+
+
+def find_root(start: Path) -> Path:
+    """The book that holds `start`: the nearest folder at or above it with a _toc.yml."""
+    start = start.resolve()
+    for folder in (start, *start.parents):
+        if (folder / "_toc.yml").is_file():
+            return folder
+    raise UsageError(f"{start} is not inside a book (no _toc.yml in it or above it): run "
+                     "this in the book's folder, or name it with --root")
+
+
+def select_chapters(root: Path, names: list[str]) -> dict[str, Path]:
+    """The chapters named on the command line (a stem, a path, or a unique prefix like 01)."""
+    if not (root / "_toc.yml").is_file():
+        raise UsageError(f"--root {root}: no _toc.yml there; name the book's root folder")
+    known = recordings.chapters(root)
+    if not known:
+        raise UsageError(f"no chapters (MyST notebooks) in {root / '_toc.yml'}")
+    if not names:
+        return known
+    chosen = {}
+    for name in names:
+        stem = Path(name).stem
+        matches = [stem] if stem in known else [c for c in known if c.startswith(stem)]
+        if len(matches) > 1:
+            raise UsageError(f"{name!r} is ambiguous: it starts {', '.join(matches)}. "
+                             "Give more of the name")
+        if not matches:
+            raise UsageError(f"unknown chapter {name!r}. The chapters are: {', '.join(known)}")
+        chosen[matches[0]] = known[matches[0]]
+    return chosen
+
+
+def check_writable(chapters: dict[str, Path]) -> None:
+    """Fail now, not after an hour of GPU work, if a recording could not be written: try to
+    create a file in each recordings folder (creating the folder if need be)."""
+    for folder in sorted({recordings.recording_path(p).parent for p in chapters.values()}):
+        try:
+            folder.mkdir(exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check.", suffix=".tmp")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise UsageError(f"cannot write recordings into {folder}: {exc.strerror or exc}. "
+                             "Make it a writable folder, then record again") from None
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (e.g. from `timeout`) cleans up like Ctrl-C
+
+
+# --- executing one chapter ---------------------------------------------------------------
+
+def execute(chapter: str, nb, cwd: Path, artifacts: Path) -> None:
+    """Run notebook nb in a fresh kernel, in place, showing progress. Raises nbclient's
+    CellExecutionError (which holds the cell and its traceback) when a cell fails, and
+    KeyboardInterrupt, after the kernel is shut down, on Ctrl-C or SIGTERM."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
+    start = time.perf_counter()
+
+    def on_cell_execute(cell, cell_index):
+        first_line = cell.source.strip().splitlines()[0][:60]
+        log(f"[{chapter} {time.perf_counter() - start:6.1f} s] cell "
+            f"{code.index(cell_index) + 1}/{len(code)}: {first_line}")
+
+    client = NotebookClient(
+        nb, timeout=CELL_TIMEOUT_S, record_timing=False, on_cell_execute=on_cell_execute,
+        resources={"metadata": {"path": str(cwd)}},
+    )
+    old = os.environ.get("GPUINFER_ARTIFACTS")
+    os.environ["GPUINFER_ARTIFACTS"] = str(artifacts)  # the kernel inherits it
+    # The kernel's own log (its start-up warnings, and the errors it logs when it is shut
+    # down mid-cell) goes to a file, shown only when the kernel itself fails.
+    kernel_log = tempfile.TemporaryFile("w+", encoding="utf8")
+    try:
+        client.execute(stderr=kernel_log)
+    except BaseException as exc:
+        # During execution nbclient handles Ctrl-C/SIGTERM itself: it shuts the kernel down,
+        # which then fails the run with some other error (a ZMQError, an AssertionError).
+        # This attribute says it did that: report the interrupt, not that error.
+        if getattr(client, "_async_cleanup_kernel_future", None) is not None or \
+                isinstance(exc, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
+        if not isinstance(exc, CellExecutionError):  # the kernel died: say what it said
+            kernel_log.seek(0)
+            log(f"[{chapter}] the kernel's log:\n{kernel_log.read()[-4000:]}")
+        raise
+    finally:
+        kernel_log.close()
+        if old is None:
+            os.environ.pop("GPUINFER_ARTIFACTS")
+        else:
+            os.environ["GPUINFER_ARTIFACTS"] = old
+
+
+def strip(nb) -> None:
+    """Keep the recording small and stable: no widget state, no jupytext bookkeeping."""
+    for key in ("widgets", "jupytext"):
+        nb.metadata.pop(key, None)
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+        for out in cell.get("outputs", []):
+            if WIDGET_MIME in out.get("data", {}):
+                del out["data"][WIDGET_MIME]
+
+
+def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Result:
+    """Execute one chapter and, if every cell succeeded, write its recording. Raises
+    KeyboardInterrupt with the seconds it ran as its argument."""
+    import nbformat
+    from nbclient.exceptions import CellExecutionError
+
+    from gpuinfer.env import provenance, scratch_dir
+
+    rec = recordings.recording_path(path)
+    nb = recordings.read_chapter(path)
+    hashes = recordings.current_hashes(nb)  # of the code that runs, before it runs
+    start = time.perf_counter()
+    scratch = Path(scratch_dir(f"record-{chapter}"))
+    try:
+        execute(chapter, nb, path.parent, scratch)  # cwd: the chapter's folder
+        seconds = time.perf_counter() - start
+        strip(nb)
+        meta = provenance()
+        meta.update(hashes)
+        meta.update(seconds=round(seconds, 1), allow_cpu=allow_cpu,
+                    command=f"python -m gpuinfer.publish.record {chapter}")
+        nb.metadata[recordings.METADATA_KEY] = meta
+        store.commit(chapter, nbformat.writes(nb), scratch, path)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(time.perf_counter() - start) from None
+    except CellExecutionError as exc:
+        seconds = time.perf_counter() - start
+        tb = str(exc) if sys.stdout.isatty() else re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+        log(f"\n[{chapter}] FAILED after {seconds:.1f} s; the previous recording is "
+            f"kept.\n{tb}\n")
+        return Result(chapter, False, seconds, "failed: " + str(exc.ename or "error"))
+    except Exception as exc:  # a dead kernel, a timeout, a bad notebook
+        seconds = time.perf_counter() - start
+        log(f"\n[{chapter}] FAILED after {seconds:.1f} s ({type(exc).__name__}: {exc}); "
+            "the previous recording is kept.\n")
+        return Result(chapter, False, seconds, f"failed: {type(exc).__name__}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    log(f"[{chapter}] wrote {rec.resolve()}")
+    size = rec.stat().st_size + sum(
+        f.stat().st_size for f in recordings.artifacts_path(path).rglob("*") if f.is_file())
+    label = " (CPU smoke recording)" if meta["smoke"] else ""
+    return Result(chapter, True, seconds, f"recorded{label}, {size / 1e6:.2f} MB")
+
+
+# --- the command ---------------------------------------------------------------------------
+
+def summary(results: list[Result], root: Path) -> None:
+    log("\n| chapter | result | seconds |\n|---|---|---|")
+    for r in results:
+        log(f"| {r.chapter} | {r.note} | {r.seconds:.1f} |")
+    folders = {path.parent / "_recorded" for path in recordings.chapters(root).values()}
+    total = sum(f.stat().st_size for folder in folders if folder.is_dir()
+                for f in folder.rglob("*") if f.is_file())
+    over = f"  OVER THE {SIZE_LIMIT_MB} MB LIMIT" if total > SIZE_LIMIT_MB * 1e6 else ""
+    log(f"\nAll recordings together: {total / 1e6:.2f} MB{over}")
+
+
+def _quiet_interrupted_kernel() -> None:
+    """After Ctrl-C the kernel's client libraries log the errors of the kernel they were
+    shut down with (ZMQError and the like): noise around the one message that matters."""
+    for name in ("traitlets", "asyncio", "NotebookClient"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpuinfer.publish.record", description=__doc__.split("\n\n")[0])
+    parser.add_argument("chapters", nargs="*",
+                        help="chapter stems, e.g. 01_roofline (default: every chapter)")
+    parser.add_argument("--allow-cpu", action="store_true",
+                        help="without CUDA, make a CPU smoke recording (rejected by the tests)")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="the book's root folder, with _toc.yml (default: the book of "
+                             "the current directory)")
+    args = parser.parse_args(argv)
+
+    try:
+        missing = missing_packages()
+        if missing:
+            raise UsageError(
+                f"missing Python packages: {', '.join(missing)}. Install them with "
+                "`pip install -r requirements.txt`; on the GPU machine (no network) run "
+                "`bash scripts/gpu_record.sh`, which installs the wheels in .whl/.")
+        root = args.root.resolve() if args.root else find_root(Path.cwd())
+        chosen = select_chapters(root, args.chapters)
+        import torch
+
+        if not torch.cuda.is_available() and not args.allow_cpu:
+            raise UsageError(
+                "no CUDA device: the book's recordings must come from a GPU. Run this on the "
+                "GPU machine, or pass --allow-cpu for a CPU smoke recording (labelled as such "
+                "and rejected by the tests).")
+        check_writable(chosen)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    log(f"book: {root}")
+    old_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
+    results, current = [], None
+    try:
+        for current, path in chosen.items():
+            log(f"\n=== recording {current} ({path.relative_to(root)}) ===")
+            results.append(record_chapter(current, path, allow_cpu=args.allow_cpu))
+            current = None
+    except KeyboardInterrupt as interrupt:
+        _quiet_interrupted_kernel()
+        seconds = interrupt.args[0] if interrupt.args else 0.0
+        if current is not None:
+            log(f"\nInterrupted after {seconds:.1f} s: the previous recording of {current} "
+                "is kept.")
+            results.append(Result(current, False, seconds, "interrupted"))
+        summary(results, root)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old_handler)
+    summary(results, root)
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The results at a glance: a Sphinx extension (listed in _config.yml).
+
+The directive `{decode-results}` renders one table of every decode variant the chapters
+measure (with `:fastest:`, only the fastest of each chapter, for the intro), read at build
+time from the values each chapter's recording glued under `gpuinfer.results.GLUE_NAME`: no
+number on that page is typed. A chapter whose recording is not fresh (missing, stale, a
+CPU run) is left out, so that the table never shows a number the chapter does not.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from docutils import nodes
+from docutils.parsers.rst import directives
+from sphinx import addnodes
+from sphinx.util.docutils import SphinxDirective
+
+from gpuinfer import results
+from gpuinfer.publish import recordings
+from gpuinfer.publish.compare import glued_values
+from gpuinfer.publish.sphinx_site import table
+
+HEADER = ["variant", "ms / token", "tokens / s", "GB/s", "of the floor", "× V0",
+          "× generate(static)"]
+
+
+def chapter_results(recording: Path) -> list[results.Result]:
+    """The rows a recording glued (none if it glued none)."""
+    text = glued_values(recording).get(results.GLUE_NAME)
+    return results.loads(ast.literal_eval(text)) if text else []  # glued as a str's repr
+
+
+def _times(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3g}×"
+
+
+class DecodeResults(SphinxDirective):
+    """Every variant of every chapter; with `:fastest:`, the fastest variant of each."""
+
+    option_spec = {"fastest": directives.flag}
+
+    def run(self):
+        root = Path(self.env.srcdir)
+        out = []
+        for chapter, path in recordings.chapters(root).items():
+            status = recordings.status(
+                root, chapter, accept_cpu=self.config.gpuinfer_accept_cpu_recordings)
+            self.env.note_dependency(str(status.recording))
+            rows = chapter_results(status.recording) if status.fresh else []
+            if not rows:
+                continue
+            if "fastest" in self.options:
+                rows = [min(rows, key=lambda r: r.ms_per_token)]
+            docname = self.env.path2doc(str(path))
+            meta = status.provenance
+            title = nodes.paragraph()
+            title += nodes.strong(text=f"{chapter}: {rows[0].model}")
+            title += nodes.Text(f", {recordings.recorded_on(meta)}")
+            body = []
+            for r in rows:
+                kind, target = ("ref", r.section) if r.section else ("doc", "/" + docname)
+                link = addnodes.pending_xref("", nodes.inline(text=r.variant), refdomain="std",
+                                             reftype=kind, reftarget=target, refexplicit=True,
+                                             refdoc=self.env.docname)
+                body.append([link, f"{r.ms_per_token:.3g}", f"{r.tokens_per_s:,.0f}",
+                             f"{r.gb_per_s:,.0f}", f"{100 * r.floor_fraction:.0f} %",
+                             _times(r.x_v0), _times(r.x_generate_static)])
+            out += [title, table(HEADER, body, classes=("decode-results",))]
+        if not out:
+            out.append(nodes.paragraph(text="No chapter has a GPU recording with results yet."))
+        return out
+
+
+def setup(app):
+    app.add_directive("decode-results", DecodeResults)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,107 @@
+"""One row per decode variant: the end-to-end table of a chapter, and the book's results page.
+
+A chapter times its variants in interleaved rounds (`gpuinfer.timing.interleaved_rounds`),
+turns the rounds into rows (`from_rounds`: ms per token, speed-ups over its naive loop and
+over stock `generate()`, each with its range over the rounds), shows them (`markdown`) and
+glues `dumps(rows)` under the name `GLUE_NAME`. The results page
+(`gpuinfer.publish.sphinx_results`) reads them back from the chapter's recording with
+`loads`, so that the table there is the recording's numbers, never typed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+from gpuinfer.timing import Rounds
+
+GLUE_NAME = "decode_results"
+
+
+@dataclass(frozen=True)
+class Result:
+    """A decode variant, measured end to end."""
+
+    variant: str  # its name in the chapter, e.g. "V9"
+    model: str  # e.g. "small Llama, FP32"
+    ms_per_token: float
+    bytes_per_token: float  # what a step must move (weights and KV cache), from the accounting
+    bandwidth: float  # the chapter's measured copy rate, bytes/s
+    x_v0: float | None = None  # speed-up over the chapter's naive loop, where it has one
+    x_generate_static: float | None = None  # over stock generate() with a static cache
+    section: str = ""  # the label of the section that measures it
+    ms_range: tuple[float, float] | None = None  # fastest and slowest round
+    x_v0_range: tuple[float, float] | None = None  # lowest and highest per-round speed-up
+    x_generate_static_range: tuple[float, float] | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1e3 / self.ms_per_token
+
+    @property
+    def gb_per_s(self) -> float:
+        """The bytes a step must move, per second of step: achieved bandwidth, in GB/s."""
+        return self.bytes_per_token / (self.ms_per_token / 1e3) / 1e9
+
+    @property
+    def floor_fraction(self) -> float:
+        """The bandwidth floor (bytes / copy rate) over the measured time: 1 is the floor."""
+        return self.bytes_per_token / self.bandwidth / (self.ms_per_token / 1e3)
+
+
+def from_rounds(rounds: Rounds, *, model: str, bytes_per_token: dict[str, float],
+                bandwidth: float, v0: str | None = None, generate_static: str | None = None,
+                sections: dict[str, str] | None = None,
+                names: list[str] | None = None) -> list[Result]:
+    """A row per variant of `rounds` (times in ms per token), in the order of `names`.
+    Speed-ups are over the variants named `v0` and `generate_static`, in the same rounds."""
+
+    def over(base, name):
+        if base is None:
+            return None, None
+        c = rounds.compare(name, base)
+        return c.ratio, (c.low, c.high)
+
+    rows = []
+    for name in names or rounds.names:
+        t = rounds[name]
+        x_v0, x_v0_range = over(v0, name)
+        x_gs, x_gs_range = over(generate_static, name)
+        rows.append(Result(name, model, t.median, bytes_per_token[name], bandwidth, x_v0, x_gs,
+                           (sections or {}).get(name, ""), (t.min, t.max), x_v0_range,
+                           x_gs_range))
+    return rows
+
+
+def _ranged(value: float | None, spread: tuple[float, float] | None, unit: str = "") -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3g}{unit} ({spread[0]:.3g}–{spread[1]:.3g})" if spread else \
+        f"{value:.3g}{unit}"
+
+
+def markdown(rows: list[Result]) -> str:
+    """The rows as a chapter's end-to-end table: medians over the rounds, and in brackets
+    the fastest and slowest round (for the speed-ups, the lowest and highest per round)."""
+    lines = ["| variant | ms / token | tokens / s | × V0 | × generate(static) |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r.variant} | {_ranged(r.ms_per_token, r.ms_range)} | {r.tokens_per_s:,.0f} "
+              f"| {_ranged(r.x_v0, r.x_v0_range, '×')} "
+              f"| {_ranged(r.x_generate_static, r.x_generate_static_range, '×')} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def dumps(rows: list[Result]) -> str:
+    return json.dumps([dataclasses.asdict(r) for r in rows])
+
+
+def loads(text: str) -> list[Result]:
+    rows = []
+    for row in json.loads(text):
+        for key in ("ms_range", "x_v0_range", "x_generate_static_range"):
+            if row.get(key) is not None:
+                row[key] = tuple(row[key])  # JSON has lists
+        rows.append(Result(**row))
+    return rows

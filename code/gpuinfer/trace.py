@@ -1,0 +1,364 @@
+"""Reading a profiler trace: what the decode steps did, computed rather than read off by eye.
+
+A trace is the Chrome-trace JSON that `torch.profiler` writes (`gpuinfer.profiling` records
+them), loaded as a dict. The parts used here:
+- `ph: "X"` events have a start `ts` and a duration `dur`, both in microseconds;
+- `cat: "cpu_op"`: an ATen operator on a CPU thread (`aten::mm`); they nest;
+- `cat: "user_annotation"`: a `record_function` range, such as a `decode_step`;
+- `cat: "cuda_runtime"` / `"cuda_driver"`: a CUDA API call on a CPU thread
+  (`cudaLaunchKernel`, `cudaMemcpyAsync`, `cudaStreamSynchronize`);
+- `cat: "kernel"`, `"gpu_memcpy"`, `"gpu_memset"`: work that ran on the GPU, each with
+  `args.correlation`, the id of the API call that launched it.
+
+From them: the steps and the work each launched (`step_work`, `step_kernels`), per-step
+counts and times (`step_stats`), the ops and kernels that cost the most (`top_ops`,
+`kernel_table`), what every slice is (`kind_of`), and how the GPU hands over from one
+kernel to the next (`handovers`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from gpuinfer.steps import STEP
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+API_CATS = ("cuda_runtime", "cuda_driver")
+# CUDA API calls after which the CPU thread waits for the GPU.
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+              "cudaMemcpy", "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One complete (`ph: "X"`) trace event; times in microseconds."""
+
+    name: str
+    cat: str
+    ts: float
+    dur: float
+    pid: object = 0
+    tid: object = 0
+    args: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def end(self) -> float:
+        return self.ts + self.dur
+
+    @property
+    def correlation(self):
+        return self.args.get("correlation")
+
+
+def events(trace: dict, cats) -> list[Event]:
+    """The complete events of the given categories, by start time (longest first on a tie)."""
+    cats = (cats,) if isinstance(cats, str) else tuple(cats)
+    out = [
+        Event(e["name"], e["cat"], float(e["ts"]), float(e.get("dur", 0.0)), e.get("pid", 0),
+              e.get("tid", 0), e.get("args", {}))
+        for e in trace["traceEvents"]
+        if e.get("ph") == "X" and e.get("cat") in cats
+    ]
+    return sorted(out, key=lambda e: (e.ts, -e.dur))
+
+
+def step_events(trace: dict, step_name: str = STEP) -> list[Event]:
+    """The CPU-side ranges of the decode steps, in time order."""
+    return [e for e in events(trace, "user_annotation") if e.name == step_name]
+
+
+def top_level_ops(trace: dict) -> list[Event]:
+    """ATen ops not nested inside another op on the same thread: what Python called."""
+    tops: list[Event] = []
+    last_end: dict = {}
+    for e in events(trace, "cpu_op"):
+        if e.ts >= last_end.get(e.tid, float("-inf")):
+            tops.append(e)
+            last_end[e.tid] = e.end
+    return tops
+
+
+class Ranges:
+    """Time ranges on CPU threads, not overlapping within a thread: which one holds an event?"""
+
+    def __init__(self, ranges: list[Event]):
+        self.by_tid: dict = {}
+        for r in sorted(ranges, key=lambda r: r.ts):
+            self.by_tid.setdefault(r.tid, []).append(r)
+        self.starts = {tid: [r.ts for r in rs] for tid, rs in self.by_tid.items()}
+
+    def holding(self, e: Event) -> Event | None:
+        """The range on e's thread that contains e's start, if any."""
+        rs = self.by_tid.get(e.tid)
+        if not rs:
+            return None
+        i = bisect.bisect_right(self.starts[e.tid], e.ts) - 1
+        return rs[i] if i >= 0 and e.ts <= rs[i].end else None
+
+
+def gaps(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The idle stretches (start, end) between a set of intervals, overlaps merged."""
+    idle, busy_until = [], None
+    for start, end in sorted(intervals):
+        if busy_until is not None and start > busy_until:
+            idle.append((busy_until, start))
+        busy_until = end if busy_until is None else max(busy_until, end)
+    return idle
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by a set of intervals, overlaps counted once."""
+    if not intervals:
+        return 0.0
+    span = max(e for _, e in intervals) - min(s for s, _ in intervals)
+    return span - sum(b - a for a, b in gaps(intervals))
+
+
+def is_sync(name: str) -> bool:
+    return name in SYNC_CALLS
+
+
+def is_launch(name: str) -> bool:
+    return "LaunchKernel" in name or "GraphLaunch" in name
+
+
+# --------------------------------------------------------------------------------------------
+# What a slice is: one classification, for the kernel tables and the timelines alike
+# --------------------------------------------------------------------------------------------
+
+# Name parts of the library kernels that multiply matrices (cuBLAS and the CUTLASS kernels
+# it picks); for the kinds and for who wrote a kernel alike.
+_LIBRARY_MATMUL = ("gemm", "gemv", "nvjet", "cublas", "cutlass", "xmma", "splitk")
+
+KINDS = ("matrix multiply", "attention", "elementwise", "reduction", "copy / index",
+         "host sync", "kernel launch", "other")
+_RULES = [  # first match wins; matched against the lower-cased name
+    ("host sync", ("synchronize", "aten::item", "_local_scalar_dense")),
+    ("kernel launch", ("launchkernel", "graphlaunch")),
+    ("attention", ("scaled_dot_product", "fmha", "flash", "attention", "attn")),
+    ("matrix multiply", _LIBRARY_MATMUL + ("aten::linear", "aten::mm", "aten::addmm",
+                                           "aten::bmm", "aten::matmul")),
+    ("reduction", ("mean", "argmax", "reduce", "sum", "softmax")),
+    ("copy / index", ("copy", "cat", "memcpy", "memset", "index", "embedding", "aten::to",
+                      "contiguous", "fill", "stack", "gather", "scatter")),
+    ("elementwise", ("mul", "add", "neg", "rsqrt", "silu", "pow", "sin", "cos", "elementwise",
+                     "vectorized", "unrolled", "arange", "sub", "div", "where", "le")),
+]
+# Inductor names a kernel by how it is scheduled (poi: pointwise; red, per: reductions) and
+# by the ops fused into it: `triton_red_fused_mm_3` computes a matrix product.
+_INDUCTOR = {"poi": "elementwise", "red": "reduction", "per": "reduction"}
+
+
+# The book's own Triton kernels (gpuinfer.kernels), named after their functions, and what
+# each computes: their names are ours, so no rule above can judge them.
+OURS = {
+    "qkv_rope_kernel": "matrix multiply",  # the q/k/v product, then rotary and the cache
+    "gemv_kernel": "matrix multiply",
+    "gemv_silu_kernel": "matrix multiply",
+    "lm_head_argmax_kernel": "matrix multiply",  # the lm_head product, then argmax in part
+    "attention_partial_kernel": "attention",
+    "attention_combine_kernel": "attention",
+    "argmax_reduce_kernel": "reduction",
+    "embed_kernel": "copy / index",
+}
+ORIGINS = ("Inductor", "library", "ours", "ATen")  # who wrote a kernel: `origin`
+
+
+def _ours(name: str) -> str | None:
+    return OURS.get(name.split("(")[0].strip())
+
+
+def kind_of(name: str) -> str:
+    """What a trace slice (an op, an API call, a kernel) computes, judged from its name: one
+    of `KINDS`. A matrix product is a matrix product whoever generated it."""
+    if kind := _ours(name):
+        return kind
+    parts = name.lower().split("_")
+    if parts[0] == "triton" and len(parts) > 1:
+        if {"mm", "bmm", "addmm"} & set(parts):
+            return "matrix multiply"
+        if parts[1] in _INDUCTOR:
+            return _INDUCTOR[parts[1]]
+    low = name.lower()
+    return next((kind for kind, needles in _RULES if any(n in low for n in needles)), "other")
+
+
+def origin(name: str) -> str:
+    """Who wrote a kernel, as far as its name tells (one of `ORIGINS`): Inductor, a library
+    (cuBLAS, cuDNN, flash or memory-efficient attention), this book's Triton kernels
+    (`OURS`), or PyTorch's own ATen kernels (and the rest)."""
+    if _ours(name):
+        return "ours"
+    low = name.lower()
+    if low.startswith("triton_"):
+        return "Inductor"
+    if any(s in low for s in _LIBRARY_MATMUL + ("fmha", "flash", "cudnn")):
+        return "library"
+    return "ATen"
+
+
+def kernel_name(name: str) -> str:
+    """A kernel's name without its template arguments, parameter list and return type:
+    `void at::native::reduce_kernel<512, 1, ...>(...)` -> `at::native::reduce_kernel`."""
+    kept, depth = [], 0
+    for ch in name:  # keep only what is outside every <...> and (...)
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            kept.append(ch)
+    words = "".join(kept).split()
+    return words[-1] if words else name
+
+
+# --------------------------------------------------------------------------------------------
+# The decode steps and what they did
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepWork:
+    """The decode steps of a trace and what they did, linked up."""
+
+    steps: list[Event]  # the CPU ranges of the steps
+    ops: list[Event]  # top-level ATen ops inside them
+    api: list[Event]  # CUDA API calls inside them
+    gpu: list[Event]  # GPU work those calls launched (directly, or in a graph they launched)
+    launched_by: dict  # correlation id -> the API call that launched it
+    start: float  # first step's start
+    end: float  # last step's end, or the end of its GPU work if that is later
+
+
+def step_work(trace: dict, step_name: str = STEP) -> StepWork:
+    steps = step_events(trace, step_name)
+    if not steps:
+        raise ValueError(f"no {step_name!r} ranges in the trace: was a decode loop profiled?")
+    in_steps = Ranges(steps)
+    ops = [op for op in top_level_ops(trace) if in_steps.holding(op)]
+    api = [e for e in events(trace, API_CATS) if in_steps.holding(e)]
+    launched_by = {e.correlation: e for e in api if e.correlation is not None}
+    gpu = [e for e in events(trace, GPU_CATS) if e.correlation in launched_by]
+    end = max([steps[-1].end] + [e.end for e in gpu])
+    return StepWork(steps, ops, api, gpu, launched_by, steps[0].ts, end)
+
+
+def step_kernels(trace: dict, step: int = 2, step_name: str = STEP) -> list[Event]:
+    """The GPU work (kernels, copies) launched inside decode step number `step` (1-based),
+    in the order it started on the GPU."""
+    w = step_work(trace, step_name)
+    if not 1 <= step <= len(w.steps):
+        raise ValueError(f"step {step} is not among the trace's {len(w.steps)} steps")
+    ranges = Ranges(w.steps)
+    target = w.steps[step - 1]
+    return sorted((e for e in w.gpu if ranges.holding(w.launched_by[e.correlation]) is target),
+                  key=lambda e: e.ts)
+
+
+@dataclass(frozen=True)
+class Handovers:
+    """How the GPU went from one kernel to the next within one step (times in µs)."""
+
+    kernels: int
+    overlapping: int  # kernels that started before the one ahead of them had ended
+    late: int  # kernels that started after the one ahead of them had ended
+    idle_us: float  # time between the step's first start and last end with nothing running
+    span_us: float  # the step's first start to its last end
+
+
+def handovers(work: list[Event]) -> Handovers:
+    """The hand-overs between the consecutive kernels of one step (`step_kernels`)."""
+    work = sorted(work, key=lambda e: e.ts)
+    pairs = list(zip(work, work[1:]))
+    intervals = [(e.ts, e.end) for e in work]
+    span = max(e.end for e in work) - work[0].ts if work else 0.0
+    return Handovers(len(work), sum(b.ts < a.end for a, b in pairs),
+                     sum(b.ts > a.end for a, b in pairs),
+                     sum(b - a for a, b in gaps(intervals)), span)
+
+
+def between_steps(trace: dict, step: int, step_name: str = STEP) -> float:
+    """µs from the end of step `step`'s last GPU work to the start of the next step's first:
+    in a graphed loop, the hand-over from one replay to the next."""
+    this, after = step_kernels(trace, step, step_name), step_kernels(trace, step + 1, step_name)
+    return min(e.ts for e in after) - max(e.end for e in this)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What the decode steps of a trace did, per step (times in microseconds)."""
+
+    steps: int
+    wall_us: float  # first step's start to the end of the last step's GPU work, per step
+    cpu_us: float  # time inside the steps' CPU ranges, per step
+    op_us: float  # of which inside top-level ATen ops
+    python_us: float  # of which outside any op: Python and framework bookkeeping
+    ops: float  # top-level ATen ops called, per step
+    kernels: float  # GPU kernels launched, per step
+    gpu_copies: float  # GPU memcpy and memset operations, per step
+    launch_calls: float  # kernel-launch API calls, per step
+    syncs: float  # host syncs (cudaStreamSynchronize and friends), per step
+    dtoh_copies: float  # device-to-host copies, per step
+    kernel_us: float  # summed kernel durations, per step
+    busy_us: float  # time the GPU was running something (overlaps counted once), per step
+    gpu_busy_fraction: float  # busy time / wall time over the recorded steps
+    gpu_span_us: float  # the steps' GPU work, its first start to its last end, per step
+    gpu_span_busy_fraction: float  # time that work kept the GPU busy / that span
+    queued_ahead: bool  # the host had launched every step before the GPU started the first
+
+    @property
+    def cpu_us_per_kernel(self) -> float:
+        """CPU time of a step divided by its kernels: the host cost of one kernel."""
+        return self.cpu_us / self.kernels if self.kernels else float("nan")
+
+    @property
+    def launches(self) -> float:
+        """Kernels launched per step; in a trace with no GPU work (a CPU run), the top-level
+        ATen ops, each of which would launch about one kernel on a GPU."""
+        return self.kernels or self.ops
+
+
+def step_stats(trace: dict, step_name: str = STEP) -> StepStats:
+    """Per-step counts and times of the decode steps in a trace (see `StepStats`).
+
+    Wall time runs from the first step's start on the CPU to the end of the last step's work,
+    on the CPU or the GPU, whichever is later. The GPU counts as busy whenever any kernel or
+    copy runs, whichever step launched it.
+
+    The GPU span looks at the GPU side alone: from the first kernel or copy the steps launched
+    to the end of the last, and how much of it they kept the GPU busy. Where the host queued
+    every step before the GPU began (`queued_ahead`), the host's pace, profiler overhead
+    included, cannot show in it: what idles the GPU there is the steps' own gaps.
+    """
+    w = step_work(trace, step_name)
+    n = len(w.steps)
+    wall = w.end - w.start
+    cpu = sum(s.dur for s in w.steps)
+    holder = Ranges(w.steps)
+    op_time = union_length([(op.ts, min(op.end, holder.holding(op).end)) for op in w.ops])
+    kernels = [e for e in w.gpu if e.cat == "kernel"]
+    busy = union_length([(max(e.ts, w.start), min(e.end, w.end))
+                         for e in events(trace, GPU_CATS) if e.end > w.start and e.ts < w.end])
+    gpu_start = min((e.ts for e in w.gpu), default=0.0)
+    span = max((e.end for e in w.gpu), default=0.0) - gpu_start
+    own_busy = union_length([(e.ts, e.end) for e in w.gpu])
+    return StepStats(
+        steps=n,
+        wall_us=wall / n,
+        cpu_us=cpu / n,
+        op_us=op_time / n,
+        python_us=(cpu - op_time) / n,
+        ops=len(w.ops) / n,
+        kernels=len(kernels) / n,
+        gpu_copies=(len(w.gpu) - len(kernels)) / n,
+        launch_calls=sum(is_launch(e.name) for e in w.api) / n,
+        syncs=sum(is_sync(e.name) for e in w.api) / n,
+        dtoh_copies=sum(e.cat == "gpu_memcpy" and "DtoH" in e.name for e in w.gpu) / n,
+        kernel_us=sum(e.dur for e in kernels) / n,
+        busy_us=busy / n,
+        gpu_busy_fraction=busy / wall if wall > 0 else 0.0,
+        gpu_span_us=span / n,
+        gpu_span_busy_fraction=own_busy / span if span > 0 else 0.0,
+        queued_ahead=bool(w.gpu) and w.steps[-1].end <= gpu_start,
+    )

@@ -1,0 +1,174 @@
+"""Chapter 5's measurements of single kernels, each against what the library runs instead:
+
+- `gemv_bandwidth`: one matrix-vector product, ours (`gpuinfer.kernels.gemv`), cuBLAS
+  (`F.linear`) or Inductor's (`F.linear` compiled with coordinate-descent tuning), as the
+  bytes of its matrix per second, the matrices rotated past the L2 cache; with int8
+  weights, ours or Inductor's compilation of the int8 weight-only linear (`quant.linear`,
+  as gpt-fast and torchao run it);
+- `gemv_chain`: every matrix-vector product of a decode step, chained in one CUDA graph,
+  with or without programmatic dependent launch;
+- `attention_us`: decode attention over a context, our split-KV kernel or
+  `F.scaled_dot_product_attention`.
+
+All run from CUDA graphs, so that what is measured is the kernels, not their launches from
+Python: a single product from back-to-back replays (`gpuinfer.timing.benchmark_graph`), the
+chain as one replay per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from gpuinfer.kernels.attention import AttentionWorkspace, decode_attention
+from gpuinfer.kernels.common import Workspace
+from gpuinfer.kernels.gemv import GemvConfig, gemv
+from gpuinfer.kernels.quant import linear
+from gpuinfer.kernels.tiling import PAIRED
+from gpuinfer.timing import benchmark, benchmark_graph, capture_graph, fresh_inputs
+
+IMPLS = ("ours", "cuBLAS", "Inductor")
+RECOMPILE_LIMIT = 64  # matrix shapes Inductor's product may compile for, each its own
+
+
+def step_matrices(decoder) -> dict[str, tuple[int, int]]:
+    """The shapes (rows, columns) of the matrix products of a decode step of `decoder`."""
+    layer = decoder.layers[0]
+    return {name: tuple(getattr(layer, name).shape) for name in ("qkv", "o", "gate_up",
+                                                                 "down")} | {
+        "lm_head": tuple(decoder.lm_head.shape)}
+
+
+def _product(impl: str, x: torch.Tensor, n: int, config: GemvConfig, pdl: bool):
+    """fn(w) computing W @ x the way `impl` does, for matrices W of n rows."""
+    if impl == "ours":
+        out = torch.empty(n, device=x.device, dtype=x.dtype)
+        ws = Workspace(x.device, 1 << 20, 1 << 16)
+
+        def ours(w):
+            return gemv(w, x, out, config=config, pdl=pdl, workspace=ws)
+
+        return ours
+    if impl == "cuBLAS":
+        def library(w):
+            if not isinstance(w, torch.Tensor):
+                raise ValueError("cuBLAS has no int8 x BF16 product: for int8 weights "
+                                 "compare impl='ours' with impl='Inductor'")
+            return F.linear(x[None], w)
+        return library
+    if impl == "Inductor":
+        # quant.linear: F.linear itself for a plain matrix, int8 widened and scaled.
+        # dynamic=False: each matrix shape gets a kernel of its own, as a decode step's
+        # fixed shapes do; by default the second shape would recompile `linear` for
+        # symbolic sizes, and every later shape would run that generic kernel.
+        compiled = torch.compile(linear, dynamic=False,
+                                 options={"coordinate_descent_tuning": True})
+
+        def inductor(w):
+            # one compilation per shape: past the default limit (8) torch would fall
+            # back to running `linear` eagerly, with a warning only
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                return compiled(x[None], w)
+        return inductor
+    raise ValueError(f"impl={impl!r}: one of {IMPLS}")
+
+
+def gemv_bandwidth(n: int, k: int, impl: str, *, dtype=torch.bfloat16, device="cuda",
+                   config: GemvConfig = GemvConfig(8, 2048, 1, 8), pdl: bool = False,
+                   quantize: Callable | None = None, repeats: int = 10) -> float:
+    """Bytes of an (n, k) matrix per second of its product with a vector, by `impl`, over
+    copies of the matrix that together exceed the L2 cache (each call reads one from
+    memory). `quantize` (e.g. quantize_int8): the matrices stored quantized, their bytes
+    counted as stored (scales included)."""
+    def matrix():
+        w = torch.randn(n, k, device=device, dtype=dtype) * 0.02
+        return (w if quantize is None else quantize(w),)
+
+    first = matrix()
+    stored = first[0].nbytes  # as stored: int8 values and their scales, if quantized
+    weights = [first] + fresh_inputs(matrix, stored, max_sets=63)
+    x = torch.randn(k, device=device, dtype=dtype)
+    fn = _product(impl, x, n, config, pdl)
+    calls = max(len(weights), 8)
+    timing = benchmark_graph(fn, calls=calls, inputs=weights, repeats=repeats)
+    return stored / (timing.median / 1e3)
+
+
+def row_tiling(decoder, name: str) -> GemvConfig:
+    """`decoder`'s tiling of its matrix `name` for a plain GEMV of that matrix: the decoder
+    counts the rows of qkv and gate_up in pairs (`kernels.tiling.PAIRED`), a plain GEMV
+    counts rows, so their block_n doubles."""
+    c = decoder.configs[name]
+    return dataclasses.replace(c, block_n=c.block_n * (2 if name in PAIRED else 1))
+
+
+def gemv_chain(decoder, impl: str, *, pdl: bool = False) -> Callable[[], None]:
+    """All the matrix-vector products of one decode step of `decoder` (every layer's q/k/v,
+    o, gate/up and down, and the lm_head, on its own weights, with its tilings), launched
+    back to back: a call runs them once, on a GPU as one replay of the CUDA graph they
+    were captured into. Each product reads a fixed input vector of its width: the chain
+    measures the streaming of the weights and the hand-over between kernels, not the
+    step's arithmetic. Time the variants together (`timing.interleaved_rounds`)."""
+    mats = [(name, getattr(layer, name)) for layer in decoder.layers
+            for name in ("qkv", "o", "gate_up", "down")] + [("lm_head", decoder.lm_head)]
+    dev, dt = decoder.device, decoder.dtype
+    xs = {w.shape[1]: torch.randn(w.shape[1], device=dev, dtype=dt) for _, w in mats}
+    if impl == "ours":
+        outs = {w.shape[0]: torch.empty(w.shape[0], device=dev, dtype=dt)
+                for _, w in mats}
+        ws = Workspace(dev, 1 << 20, 1 << 16)
+        configs = {name: row_tiling(decoder, name) for name in decoder.configs}
+
+        def chain():
+            for name, w in mats:
+                gemv(w, xs[w.shape[1]], outs[w.shape[0]], config=configs[name], pdl=pdl,
+                     workspace=ws)
+    elif impl == "cuBLAS":
+        if decoder.quantized:
+            raise ValueError("cuBLAS has no int8 x BF16 product: time impl='ours'")
+
+        def chain():
+            for _, w in mats:
+                F.linear(xs[w.shape[1]][None], w)
+    else:
+        raise ValueError(f"impl={impl!r}: ours or cuBLAS")
+    if dev.type != "cuda":
+        return chain
+    graph, _ = capture_graph(chain, warmup=1)
+    return graph.replay
+
+
+def attention_us(kv_heads: int, group: int, head_dim: int, context: int, impl: str, *,
+                 dtype=torch.bfloat16, device="cuda", n_split: int = 32,
+                 block_s: int = 64, num_warps: int = 4) -> float:
+    """Microseconds of one layer's decode attention, one query per head over `context`
+    cached keys and values, by our split-KV kernel ("ours") or by
+    F.scaled_dot_product_attention with grouped-query heads ("SDPA"), over caches that
+    together exceed the L2 cache."""
+    heads = kv_heads * group
+    caches = fresh_inputs(lambda: tuple(torch.randn(kv_heads, context, head_dim,
+                                                    device=device, dtype=dtype)
+                                        for _ in range(2)),
+                          2 * kv_heads * context * head_dim * dtype.itemsize, max_sets=1024)
+    q = torch.randn(heads * head_dim, device=device, dtype=dtype)
+    if impl == "ours":
+        pos = torch.tensor([context - 1], device=device)
+        out = torch.empty_like(q)
+        ws = AttentionWorkspace(device, kv_heads, group, head_dim, n_split)
+
+        def fn(k, v):
+            decode_attention(q, k, v, pos, out, n_split=n_split, block_s=block_s,
+                             num_warps=num_warps, workspace=ws)
+    elif impl == "SDPA":
+        q4 = q.view(1, heads, 1, head_dim)
+
+        def fn(k, v):
+            F.scaled_dot_product_attention(q4, k[None], v[None], enable_gqa=True)
+    else:
+        raise ValueError(f"impl={impl!r}: ours or SDPA")
+    if not torch.cuda.is_available():
+        return benchmark(fn, inputs=caches, warmup=1, repeats=3).median * 1e3
+    return benchmark_graph(fn, calls=max(len(caches), 8), inputs=caches).median * 1e3

@@ -1,0 +1,406 @@
+"""The Triton kernels of the decode step against their PyTorch references, on fresh
+random inputs: the chapter's shapes where a CPU can afford them, and odd ones (N and K
+not multiples of the block, split-K with a short last split). Outputs are poisoned with
+NaN first, so an element a kernel fails to write fails the test.
+
+Without a GPU the kernels run under Triton's interpreter (PDL off). The interpreter
+rounds FP32 to BF16 by truncation and its tl.dot cannot multiply BF16; the kernels
+round with `round_to` and the attention upcasts there, so BF16 results match
+PyTorch's under the interpreter too.
+"""
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    from gpuinfer.kernels.interpret import use_interpreter
+
+    use_interpreter()  # before the kernel modules are imported (decorated)
+
+from gpuinfer.kernels import argmax as am  # noqa: E402
+from gpuinfer.kernels import attention as at  # noqa: E402
+from gpuinfer.kernels import common  # noqa: E402
+from gpuinfer.kernels import quant  # noqa: E402
+from gpuinfer.kernels import rotary  # noqa: E402
+from gpuinfer.kernels.gemv import GemvConfig, gemv, gemv_reference  # noqa: E402
+from gpuinfer.kernels.gemv import gemv_silu, gemv_silu_reference  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+PDL = common.pdl_supported(DEVICE)  # on where it runs: an H100/H200
+HALF = (torch.bfloat16, torch.float16)
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+
+@pytest.fixture(autouse=True)
+def quiet_numpy():
+    with warnings.catch_warnings():  # the interpreter's exp overflows to inf, as meant
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in FP64: NaN if any element of out is NaN."""
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return float((out - ref).norm() / ref.norm())
+
+
+def randn(*shape, dtype=torch.float32, scale=1.0, seed=None):
+    if seed is not None:
+        torch.manual_seed(seed)
+    return (torch.randn(*shape, device=DEVICE) * scale).to(dtype)
+
+
+def poisoned(*shape, dtype):
+    return torch.full(shape, float("nan"), device=DEVICE, dtype=dtype)
+
+
+def test_pdl_is_off_where_it_cannot_run():
+    assert not common.pdl_supported("cpu")
+    if not torch.cuda.is_available():
+        assert common.INTERPRETED and not PDL
+
+
+# --------------------------------------------------------------------------------------
+# GEMV
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tiling", [dict(block_n=12), dict(block_k=48)])
+def test_a_tiling_that_is_not_a_power_of_two_is_refused_when_made(tiling):
+    with pytest.raises(ValueError, match="not a power of two"):
+        GemvConfig(**tiling)
+
+ODD = [  # (N, K, config): N, K not multiples of the block; splits with a short last one
+    (37, 100, GemvConfig(16, 32)),
+    (37, 100, GemvConfig(16, 32, split_k=3)),
+    (5, 7, GemvConfig(8, 4, split_k=2)),
+    (130, 96, GemvConfig(64, 64, split_k=2, num_warps=8)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF])
+@pytest.mark.parametrize("n,k,config", ODD)
+def test_gemv_odd_shapes(n, k, config, dtype):
+    w, x = randn(n, k, dtype=dtype, seed=n + k), randn(k, dtype=dtype)
+    norm, res = randn(k, dtype=dtype, scale=0.1) + 1, randn(n, dtype=dtype)
+    plain = gemv(w, x, poisoned(n, dtype=dtype), config=config, pdl=PDL)
+    assert rel_err(plain, gemv_reference(w, x)) <= TOL[dtype]
+    fused = gemv(w, x, poisoned(n, dtype=dtype), norm=norm, residual=res, config=config,
+                 pdl=PDL)
+    assert rel_err(fused, gemv_reference(w, x, norm=norm, residual=res)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,k,config", ODD[:2] + [(96, 64, GemvConfig(32, 64, 2))])
+def test_gemv_silu_odd_shapes(n, k, config, dtype):
+    w, x = randn(2 * n, k, dtype=dtype, seed=n), randn(k, dtype=dtype, scale=0.5)
+    norm = randn(k, dtype=dtype, scale=0.1) + 1
+    out = gemv_silu(w, x, poisoned(n, dtype=dtype), norm=norm, config=config, pdl=PDL)
+    assert rel_err(out, gemv_silu_reference(w, x, norm=norm)) <= TOL[dtype]
+
+
+
+def tiling(interpreted: GemvConfig, compiled: GemvConfig) -> GemvConfig:
+    """Few large programs for the interpreter (each is a Python call); on a GPU a tile
+    that fits the registers (a 1M-element tile would take ptxas minutes to compile)."""
+    return compiled if torch.cuda.is_available() else interpreted
+
+
+# The 1B step's matrices (lm_head, 1 GB in FP32, only on a GPU)
+CHAPTER = [("qkv", 3072, 2048, tiling(GemvConfig(512, 2048),
+                                      GemvConfig(8, 2048, 1, 8))),
+           ("o", 2048, 2048, tiling(GemvConfig(512, 2048, 2),
+                                    GemvConfig(8, 1024, 2, 4))),
+           ("down", 2048, 8192, tiling(GemvConfig(512, 2048, 2),
+                                       GemvConfig(8, 2048, 2, 8)))]
+
+
+@pytest.mark.parametrize("name,n,k,config", CHAPTER, ids=[c[0] for c in CHAPTER])
+def test_gemv_chapter_shapes(name, n, k, config):
+    w, x = randn(n, k, seed=1), randn(k)
+    res, norm = randn(n), randn(k, scale=0.1) + 1
+    out = gemv(w, x, poisoned(n, dtype=torch.float32), norm=norm, residual=res,
+               config=config, pdl=PDL)
+    assert rel_err(out, gemv_reference(w, x, norm=norm, residual=res)) <= 1e-5
+
+
+def test_gemv_silu_chapter_shape():
+    w, x = randn(16384, 2048, seed=2), randn(2048, scale=0.5)
+    norm = randn(2048, scale=0.1) + 1
+    out = gemv_silu(w, x, poisoned(8192, dtype=torch.float32), norm=norm,
+                    config=tiling(GemvConfig(256, 2048), GemvConfig(4, 2048, 1, 8)),
+                    pdl=PDL)
+    assert rel_err(out, gemv_silu_reference(w, x, norm=norm)) <= 1e-5
+
+
+def test_residual_in_place_and_split_k_is_deterministic():
+    n, k, config = 70, 200, GemvConfig(16, 32, split_k=4)
+    w, x = randn(n, k, seed=3), randn(k)
+    ws = common.Workspace(DEVICE, 16 * 4 * 5, 5)
+    x0 = randn(n)
+    first = x0.clone()
+    gemv(w, x, first, residual=first, config=config, pdl=PDL, workspace=ws)
+    assert rel_err(first, x0 + w @ x) <= 1e-5
+    assert torch.all(ws.counters == 0)  # the last program of each block reset its count
+    again = x0.clone()
+    gemv(w, x, again, residual=again, config=config, pdl=PDL, workspace=ws)
+    assert torch.equal(first, again)  # partials summed in split order, not atomically
+
+
+def test_workspace_too_small_is_an_error():
+    w, x = randn(64, 64), randn(64)
+    with pytest.raises(ValueError, match="workspace too small"):
+        gemv(w, x, config=GemvConfig(16, 16, split_k=4),
+             workspace=common.Workspace(DEVICE))
+
+
+# --------------------------------------------------------------------------------------
+# q/k/v projection with rotary embedding and cache write
+# --------------------------------------------------------------------------------------
+
+
+def rotary_tables(capacity, head_dim, dtype, theta=500000.0):
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=DEVICE) / head_dim)
+    angles = torch.arange(capacity, device=DEVICE)[:, None] * inv[None]
+    emb = torch.cat([angles, angles], -1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+ROPE = [(4, 2, 16, 64, 40, GemvConfig(8, 32, split_k=2)),  # the test model's heads
+        (4, 4, 16, 48, 9, GemvConfig(16, 64)),  # no grouping, K = 48 in a 64-wide tile
+        (32, 8, 64, 2048, 64, tiling(GemvConfig(256, 2048),  # the 1B model's heads
+                                     GemvConfig(4, 2048, 2, 8)))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv,d,k,capacity,config", ROPE)
+def test_qkv_rope_writes_q_and_cache_slot(heads, kv, d, k, capacity, config, dtype):
+    w = randn((heads + 2 * kv) * d, k, dtype=dtype, seed=heads)
+    x = randn(k, dtype=dtype)
+    norm = randn(k, dtype=dtype, scale=0.1) + 1
+    cos, sin = rotary_tables(capacity, d, dtype)
+    slot = capacity - 2
+    q = poisoned(heads * d, dtype=dtype)
+    k_cache, v_cache = poisoned(kv, capacity, d, dtype=dtype), poisoned(kv, capacity, d,
+                                                                        dtype=dtype)
+    pos = torch.tensor([slot], device=DEVICE)
+    rotary.qkv_rope(w, x, q, k_cache, v_cache, cos, sin, pos, n_heads=heads, norm=norm,
+                    config=config, pdl=PDL)
+    ref_q, ref_k, ref_v = rotary.qkv_rope_reference(w, x, cos, sin, slot, n_heads=heads,
+                                                    n_kv=kv, norm=norm)
+    assert rel_err(q, ref_q) <= TOL[dtype]
+    assert rel_err(k_cache[:, slot], ref_k) <= TOL[dtype]
+    assert rel_err(v_cache[:, slot], ref_v) <= TOL[dtype]
+    others = torch.ones(capacity, dtype=torch.bool)
+    others[slot] = False
+    assert k_cache[:, others].isnan().all() and v_cache[:, others].isnan().all()
+
+
+# --------------------------------------------------------------------------------------
+# Decode attention
+# --------------------------------------------------------------------------------------
+
+ATTENTION = [(4, 2, 16, 100, 4, 16), (32, 8, 64, 130, 2, 32), (8, 8, 32, 64, 1, 64)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "combine-kernel"])
+@pytest.mark.parametrize("heads,kv,d,capacity,n_split,block_s", ATTENTION)
+def test_decode_attention(heads, kv, d, capacity, n_split, block_s, inline, dtype):
+    q = randn(heads * d, dtype=dtype, seed=capacity)
+    k_cache, v_cache = randn(kv, capacity, d, dtype=dtype), randn(kv, capacity, d,
+                                                                  dtype=dtype)
+    ws = at.AttentionWorkspace(DEVICE, kv, heads // kv, d, n_split)
+    # pos 0, the end of the first tile, a chunk boundary, the last slot
+    for slot in sorted({0, block_s - 1, block_s, capacity // 3, capacity - 1} &
+                       set(range(capacity))):
+        pos = torch.tensor([slot], device=DEVICE)
+        out = at.decode_attention(q, k_cache, v_cache, pos,
+                                  poisoned(heads * d, dtype=dtype), n_split=n_split,
+                                  block_s=block_s, inline_combine=inline, pdl=PDL,
+                                  workspace=ws)
+        ref = at.decode_attention_reference(q, k_cache, v_cache, slot)
+        assert rel_err(out, ref) <= TOL[dtype], slot
+        assert torch.all(ws.counters == 0)
+
+
+def test_attention_ignores_slots_past_pos():
+    q, k_cache, v_cache = randn(64, seed=5), randn(2, 50, 16), randn(2, 50, 16)
+    pos = torch.tensor([20], device=DEVICE)
+    first = at.decode_attention(q, k_cache, v_cache, pos, n_split=4, block_s=16)
+    k_cache[:, 21:] = float("nan")
+    v_cache[:, 21:] = float("nan")
+    assert torch.equal(at.decode_attention(q, k_cache, v_cache, pos, n_split=4,
+                                           block_s=16), first)
+
+
+# --------------------------------------------------------------------------------------
+# lm_head + argmax, embedding
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "reduce-kernel"])
+def test_lm_head_argmax_first_index_wins_ties(inline, dtype):
+    vocab, hidden, capacity = 1000, 64, 30
+    w, norm = randn(vocab, hidden, dtype=dtype, seed=7), randn(hidden, dtype=dtype,
+                                                               scale=0.1) + 1
+    w[901] = w[123] = 3 * w[123]  # two equal largest logits: torch.argmax takes 123
+    x = (w[123].float() / norm.float()).to(dtype)
+    tokens = torch.zeros(capacity, device=DEVICE, dtype=torch.long)
+    pos, logits = torch.tensor([11], device=DEVICE), poisoned(vocab, dtype=dtype)
+    ws = am.ArgmaxWorkspace(DEVICE, 16, block_r=4)  # 16 blocks in 4 chunks
+    am.lm_head_argmax(w, x, logits, tokens, pos, norm=norm, config=GemvConfig(64, 32),
+                      inline=inline, pdl=PDL, workspace=ws)
+    ref_logits, ref_token = am.lm_head_argmax_reference(w, x, norm=norm)
+    assert ref_token == 123
+    assert rel_err(logits, ref_logits) <= TOL[dtype]
+    assert tokens[12].item() == 123 and pos.item() == 12
+    assert tokens[:12].eq(0).all() and tokens[13:].eq(0).all()
+
+
+def test_lm_head_argmax_random_logits():
+    w, x = randn(777, 48, seed=8), randn(48)
+    buffer = torch.zeros(6, device=DEVICE, dtype=torch.long)
+    tokens = buffer[:4]  # capacity 4
+    pos = torch.tensor([2], device=DEVICE)
+    logits = poisoned(777, dtype=torch.float32)
+    am.lm_head_argmax(w, x, logits, tokens, pos, config=GemvConfig(32, 16), pdl=PDL)
+    assert tokens[3].item() == int((w @ x).argmax()) and pos.item() == 3
+    am.lm_head_argmax(w, x, logits, tokens, pos, config=GemvConfig(32, 16), pdl=PDL)
+    assert pos.item() == 4 and buffer[4:].eq(0).all()  # no write past the capacity
+
+
+@pytest.mark.parametrize("hidden,block", [(64, 32), (100, 64), (2048, 1024)])
+def test_embed_reads_token_at_pos(hidden, block):
+    table = randn(50, hidden, seed=hidden)
+    tokens = torch.tensor([3, 41, 7], device=DEVICE)
+    x = poisoned(hidden, dtype=torch.float32)
+    am.embed(table, tokens, torch.tensor([1], device=DEVICE), x, block=block, pdl=PDL)
+    assert torch.equal(x, table[41])
+
+
+# --------------------------------------------------------------------------------------
+# int8 weights, one scale per row: the same kernels, against the same references
+# --------------------------------------------------------------------------------------
+
+
+def int8(n, k, seed):
+    return quant.quantize_int8(randn(n, k, dtype=torch.bfloat16, seed=seed))
+
+
+@pytest.mark.parametrize("n,k,config", ODD)
+def test_int8_gemv_odd_shapes(n, k, config):
+    w, x = int8(n, k, seed=n + k), randn(k, dtype=torch.bfloat16)
+    norm, res = randn(k, dtype=torch.bfloat16, scale=0.1) + 1, randn(n,
+                                                                     dtype=torch.bfloat16)
+    out = gemv(w, x, poisoned(n, dtype=torch.bfloat16), norm=norm, residual=res,
+               config=config, pdl=PDL)
+    assert rel_err(out, gemv_reference(w, x, norm=norm, residual=res)) <= 1e-2
+    # and the reference is the product with the matrix the int8 one stands for
+    dense = gemv_reference(w.dequantized(), x, norm=norm, residual=res)
+    assert rel_err(out, dense) <= 1e-2
+
+
+@pytest.mark.parametrize("n,k,config", ODD[:2] + [(96, 64, GemvConfig(32, 64, 2))])
+def test_int8_gemv_silu_odd_shapes(n, k, config):
+    w, x = int8(2 * n, k, seed=n), randn(k, dtype=torch.bfloat16, scale=0.5)
+    norm = randn(k, dtype=torch.bfloat16, scale=0.1) + 1
+    out = gemv_silu(w, x, poisoned(n, dtype=torch.bfloat16), norm=norm, config=config,
+                    pdl=PDL)
+    assert rel_err(out, gemv_silu_reference(w, x, norm=norm)) <= 1e-2
+
+
+@pytest.mark.parametrize("heads,kv,d,k,capacity,config", ROPE[:2])
+def test_int8_qkv_rope(heads, kv, d, k, capacity, config):
+    dt = torch.bfloat16
+    w, x = int8((heads + 2 * kv) * d, k, seed=heads), randn(k, dtype=dt)
+    cos, sin = rotary_tables(capacity, d, dt)
+    q = poisoned(heads * d, dtype=dt)
+    k_cache, v_cache = poisoned(kv, capacity, d, dtype=dt), poisoned(kv, capacity, d,
+                                                                     dtype=dt)
+    rotary.qkv_rope(w, x, q, k_cache, v_cache, cos, sin, torch.tensor([3], device=DEVICE),
+                    n_heads=heads, config=config, pdl=PDL)
+    ref_q, ref_k, ref_v = rotary.qkv_rope_reference(w, x, cos, sin, 3, n_heads=heads,
+                                                    n_kv=kv)
+    assert rel_err(q, ref_q) <= 1e-2
+    assert rel_err(k_cache[:, 3], ref_k) <= 1e-2 and rel_err(v_cache[:, 3], ref_v) <= 1e-2
+
+
+def test_int8_lm_head_argmax():
+    w, x = int8(777, 48, seed=10), randn(48, dtype=torch.bfloat16)
+    tokens = torch.zeros(4, device=DEVICE, dtype=torch.long)
+    pos, logits = torch.tensor([0], device=DEVICE), poisoned(777, dtype=torch.bfloat16)
+    am.lm_head_argmax(w, x, logits, tokens, pos, config=GemvConfig(32, 16), pdl=PDL)
+    ref_logits, _ = am.lm_head_argmax_reference(w, x)
+    assert rel_err(logits, ref_logits) <= 1e-2
+    assert tokens[1].item() == int(logits.float().argmax())
+
+
+# --------------------------------------------------------------------------------------
+# Compiled for a Hopper GPU (no GPU needed), and on the GPU itself
+# --------------------------------------------------------------------------------------
+
+
+def test_kernels_compile_for_hopper_without_spills():
+    """Every kernel of the 1B step, default tiling, PDL on, compiled for sm_90: what the
+    interpreter cannot check. The GEMVs must not spill registers."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = Path(__file__).resolve().parent.parent / "code"
+    env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "gpuinfer.kernels.aot"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    bf16, int8 = proc.stdout.split("int8 weights:")
+    for step in (bf16, int8):
+        assert step.count("gemv") == 3 and "qkv_rope_kernel" in step
+
+
+@pytest.mark.gpu
+def test_lm_head_chapter_shape_on_gpu():
+    w = randn(128256, 2048, dtype=torch.bfloat16, seed=9)
+    x = randn(2048, dtype=torch.bfloat16)
+    norm = randn(2048, dtype=torch.bfloat16, scale=0.1) + 1
+    tokens = torch.zeros(8, device=DEVICE, dtype=torch.long)
+    pos = torch.tensor([0], device=DEVICE)
+    logits = poisoned(128256, dtype=torch.bfloat16)
+    am.lm_head_argmax(w, x, logits, tokens, pos, norm=norm,
+                      config=GemvConfig(8, 2048, num_warps=8), pdl=PDL)
+    ref_logits, ref_token = am.lm_head_argmax_reference(w, x, norm=norm)
+    assert rel_err(logits, ref_logits) <= 1e-2
+    assert tokens[1].item() == int(logits.float().argmax())
+
+
+@pytest.mark.gpu
+def test_pdl_chain_in_a_cuda_graph():
+    """Ten dependent GEMVs, each reading the last one's output, launched with PDL and
+    replayed from a CUDA graph: the PDL wait must order them."""
+    ws = [randn(1024, 1024, dtype=torch.bfloat16, seed=i, scale=0.03)
+          for i in range(10)]
+    x0 = randn(1024, dtype=torch.bfloat16)
+    bufs = [x0.clone()] + [poisoned(1024, dtype=torch.bfloat16) for _ in ws]
+    config = GemvConfig(8, 1024, split_k=2, num_warps=4)
+    work = common.Workspace(DEVICE, 1 << 16, 256)
+
+    def chain():
+        for i, w in enumerate(ws):
+            gemv(w, bufs[i], bufs[i + 1], config=config, pdl=PDL, workspace=work)
+
+    chain()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for b in bufs[1:]:
+        b.fill_(float("nan"))
+    graph.replay()
+    ref = x0
+    for w in ws:
+        ref = gemv_reference(w, ref)
+    assert rel_err(bufs[-1], ref) <= 2e-2

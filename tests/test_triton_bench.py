@@ -1,0 +1,107 @@
+"""triton_bench on the CPU (the interpreter): each measurement runs and counts the bytes
+as stored; what has no int8 path says so."""
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    from gpuinfer.kernels.interpret import use_interpreter
+
+    use_interpreter()  # before the kernel modules are imported (decorated)
+
+from gpuinfer import triton_bench as tb  # noqa: E402
+from gpuinfer.kernels.gemv import GemvConfig  # noqa: E402
+from gpuinfer.kernels.quant import quantize_int8  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# on the CPU the host clock times them, and says so: expected here
+pytestmark = pytest.mark.filterwarnings("ignore::gpuinfer.timing.HostClockWarning")
+SMALL = GemvConfig(32, 64)
+
+
+@pytest.mark.parametrize("quantize", [None, quantize_int8], ids=["bf16", "int8"])
+def test_gemv_bandwidth_runs(quantize):
+    bw = tb.gemv_bandwidth(64, 64, "ours", device=DEVICE, config=SMALL, quantize=quantize,
+                           repeats=2)
+    assert bw > 0
+
+
+def test_library_without_an_int8_product_says_so():
+    with pytest.raises(ValueError, match="no int8 x BF16 product"):
+        tb.gemv_bandwidth(64, 64, "cuBLAS", device=DEVICE, quantize=quantize_int8,
+                          repeats=2)
+
+
+def test_inductor_compiles_each_matrix_shape_for_itself(monkeypatch):
+    """No symbolic sizes: the second shape would otherwise recompile for any shape, and
+    Inductor's column would time a generic kernel. Past torch's default recompile limit
+    (8) it would fall back to eager; ten shapes stay compiled."""
+    compiled_shapes = []
+
+    def backend(gm, example_inputs):  # records what each compilation specialised on
+        compiled_shapes.append([tuple(t.shape) for t in example_inputs
+                                if isinstance(t, torch.Tensor)])
+        return gm.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(
+        fn, backend=backend, dynamic=kw["dynamic"]))
+    torch._dynamo.reset()
+    shapes = [(16 * (i + 1), 8 * (i % 3 + 1)) for i in range(10)]
+    for n, k in shapes:
+        x = torch.randn(k)
+        product = tb._product("Inductor", x, n, SMALL, pdl=False)
+        w = torch.randn(n, k)
+        torch.testing.assert_close(product(w), x[None] @ w.T)
+    torch._dynamo.reset()
+    assert compiled_shapes == [[(n, k), (1, k)] for n, k in shapes]
+
+
+def tiny_bf16_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval().to(device=DEVICE, dtype=torch.bfloat16)
+
+
+def test_gemv_chain_runs_each_product_of_the_step_once_a_call(monkeypatch):
+    from gpuinfer.triton_decode import TritonDecoder
+
+    decoder = TritonDecoder(tiny_bf16_llama(), capacity=16)
+    shapes = []
+    real_gemv = tb.gemv
+
+    def counting_gemv(w, x, out, **kw):
+        shapes.append(tuple(w.shape))
+        return real_gemv(w, x, out, **kw)
+
+    monkeypatch.setattr(tb, "gemv", counting_gemv)
+    chain = tb.gemv_chain(decoder, "ours")
+    shapes.clear()  # a GPU captures the chain in a graph: its warm-up and capture call it
+    chain()
+    if DEVICE == "cpu":  # a graph replay calls no Python
+        assert shapes == [(128, 64), (64, 64), (256, 64), (64, 128)] * 2 + [(256, 64)]
+    tb.gemv_chain(decoder, "cuBLAS")()
+
+
+def test_gemv_chain_of_int8_weights_has_no_library_variant():
+    from gpuinfer.triton_decode import TritonDecoder
+
+    decoder = TritonDecoder(tiny_bf16_llama(), capacity=16, quantize=quantize_int8)
+    tb.gemv_chain(decoder, "ours")()
+    with pytest.raises(ValueError, match="no int8 x BF16 product"):
+        tb.gemv_chain(decoder, "cuBLAS")
+
+
+def test_row_tiling_counts_the_paired_matrices_in_rows():
+    from gpuinfer.kernels.tiling import PAIRED
+    from gpuinfer.triton_decode import TritonDecoder
+
+    decoder = TritonDecoder(tiny_bf16_llama(), capacity=16)
+    for name, config in decoder.configs.items():
+        tiling = tb.row_tiling(decoder, name)
+        assert tiling.block_n == config.block_n * (2 if name in PAIRED else 1)
+        assert (tiling.block_k, tiling.split_k) == (config.block_k, config.split_k)

@@ -1,0 +1,222 @@
+"""The Triton decode step (Chapter 5) on a small random Llama shaped like the 1B model
+(grouped-query heads 4/2, tied embeddings): greedy FP32 tokens equal to Chapter 2's
+naive loop, teacher-forced logits close to the transformers model's in FP32 and BF16.
+
+Without a GPU every kernel runs under Triton's interpreter (PDL off), a few seconds a
+generation; on a GPU the step is also replayed from a CUDA graph, with PDL on Hopper.
+"""
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+if not torch.cuda.is_available():
+    from gpuinfer.kernels.interpret import use_interpreter
+
+    use_interpreter()  # before the kernel modules are imported (decorated)
+
+from gpuinfer import cost  # noqa: E402
+from gpuinfer.decode import decode_naive  # noqa: E402
+from gpuinfer.kernels.gemv import GemvConfig  # noqa: E402
+from gpuinfer.kernels.quant import quantize_int8  # noqa: E402
+from gpuinfer.triton_decode import TritonDecoder  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def small_llama(dtype=torch.float32, **overrides) -> LlamaForCausalLM:
+    params = dict(vocab_size=512, hidden_size=64, intermediate_size=256,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, max_position_embeddings=1024, initializer_range=0.113,
+                  tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=500000.0)
+    config = LlamaConfig(**{**params, **overrides})
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval().to(device=DEVICE, dtype=dtype)
+
+
+def prompt_of(length, seed=1, vocab=512):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (1, length), generator=gen).to(DEVICE)
+
+
+@pytest.fixture(scope="module")
+def fp32_model():
+    return small_llama()
+
+
+def test_greedy_fp32_tokens_equal_decode_naive(fp32_model):
+    prompt = prompt_of(9)
+    reference = decode_naive(fp32_model, prompt, 32)
+    assert len(set(reference[0].tolist())) > 5  # a test of something: not one token
+    tokens = TritonDecoder(fp32_model, capacity=48).generate(prompt, 32)
+    assert tokens.dtype == torch.int64 and tokens.device.type == "cpu"
+    assert torch.equal(tokens, reference)
+
+
+def teacher_forced_errors(model, decoder, sequence, prompt_len, steps):
+    """Per step: relative error of the decoder's logits against the model's on the same
+    prefix, and whether their argmax agrees."""
+    decoder.prefill(sequence[:, :prompt_len])
+    errors = []
+    for t in range(steps):
+        pos = prompt_len + t
+        ours = decoder.step_logits(sequence[0, pos]).float()
+        with torch.no_grad():
+            ref = model(input_ids=sequence[:, : pos + 1]).logits[0, -1].float()
+        errors.append((float((ours - ref).norm() / ref.norm()),
+                       int(ours.argmax()) == int(ref.argmax())))
+        assert int(decoder.pos) == pos + 1
+    return errors
+
+
+def test_teacher_forced_logits_fp32():
+    model = small_llama()
+    errors = teacher_forced_errors(model, TritonDecoder(model, capacity=16),
+                                   prompt_of(12, seed=3), 7, 4)
+    assert all(err <= 1e-5 and same for err, same in errors), errors
+
+
+def bf16_noise(model, exact, sequence, positions) -> list[float]:
+    """Per position: relative error of the BF16 model's logits against its FP32 twin's,
+    the yardstick of a BF16 implementation's own rounding."""
+    noise = []
+    for pos in positions:
+        with torch.no_grad():
+            ref = model(input_ids=sequence[:, : pos + 1]).logits[0, -1].float()
+            ref32 = exact(input_ids=sequence[:, : pos + 1]).logits[0, -1]
+        noise.append(float((ref - ref32).norm() / ref32.norm()))
+    return noise
+
+
+def test_teacher_forced_logits_bf16_within_bf16_noise():
+    """BF16 logits differ between two correct implementations (the order of the sums):
+    ours must be as close to the model's BF16 logits as those are to its FP32 ones."""
+    model, exact = small_llama(torch.bfloat16), small_llama()
+    sequence = prompt_of(12, seed=3)
+    decoder = TritonDecoder(model, capacity=16)
+    errors = teacher_forced_errors(model, decoder, sequence, 7, 4)
+    noise = bf16_noise(model, exact, sequence, range(7, 11))
+    assert all(err <= min(2 * n, 3e-2) for (err, _), n in zip(errors, noise)), (
+        errors, noise)
+
+
+def test_prefill_resets_and_nothing_moves(fp32_model):
+    decoder = TritonDecoder(fp32_model, capacity=32)
+    addresses = [t.data_ptr() for t in decoder.tensors()]
+    first = decoder.generate(prompt_of(5), 6)
+    decoder.generate(prompt_of(7, seed=9), 8)  # another sequence over the same state
+    assert torch.equal(decoder.generate(prompt_of(5), 6), first)
+    assert addresses == [t.data_ptr() for t in decoder.tensors()]
+    assert decoder.lm_head.data_ptr() == decoder.embed.data_ptr()  # tied: not copied
+
+
+def test_split_k_and_separate_reductions_give_the_same_tokens(fp32_model):
+    prompt = prompt_of(6, seed=4)
+    reference = decode_naive(fp32_model, prompt, 6)
+    split = {name: GemvConfig(64, 16, split_k=3) for name in ("qkv", "o", "down")}
+    for inline in (True, False):
+        decoder = TritonDecoder(fp32_model, capacity=16, configs=split,
+                                inline_reduce=inline,
+                                attention={"n_split": 2, "block_s": 16})
+        assert torch.equal(decoder.generate(prompt, 6), reference), inline
+
+
+def test_limits_are_errors(fp32_model):
+    with pytest.raises(NotImplementedError, match="batch=1"):
+        TritonDecoder(fp32_model, batch=2)
+    decoder = TritonDecoder(fp32_model, capacity=8)
+    with pytest.raises(ValueError, match="exceed"):
+        decoder.generate(prompt_of(5), 4)
+    with pytest.raises(NotImplementedError, match="batch=1"):
+        decoder.generate(prompt_of(3).repeat(2, 1), 2)
+    with pytest.raises(ValueError, match="split-K"):
+        TritonDecoder(fp32_model, configs={"lm_head": GemvConfig(8, 64, split_k=2)})
+
+
+# --- int8 weights --------------------------------------------------------------------------
+
+def dequantized(model):
+    """The model that an int8 decoder of `model` stands for, in FP32: each matrix
+    replaced by its quantized copy, dequantized exactly; the embedding untied and left
+    as it is."""
+    exact = copy.deepcopy(model).float()
+    with torch.no_grad():
+        for module in exact.modules():
+            if isinstance(module, torch.nn.Linear):
+                int8 = quantize_int8(module.weight.to(model.dtype))
+                module.weight = torch.nn.Parameter(int8.dequantized(torch.float32))
+    exact.model.embed_tokens.weight = torch.nn.Parameter(
+        model.model.embed_tokens.weight.detach().float().clone())
+    return exact
+
+
+def test_int8_decoder_computes_the_model_its_weights_stand_for():
+    """Against the exact model its int8 weights stand for, the int8 step's logits are as
+    close as the BF16 model's are to the FP32 model's: within BF16 noise."""
+    model, exact = small_llama(torch.bfloat16), small_llama()
+    sequence = prompt_of(12, seed=3)
+    decoder = TritonDecoder(model, capacity=16, quantize=quantize_int8)
+    errors = teacher_forced_errors(dequantized(model), decoder, sequence, 7, 4)
+    noise = bf16_noise(model, exact, sequence, range(7, 11))
+    assert all(err <= min(2 * n, 3e-2) for (err, _), n in zip(errors, noise)), (
+        errors, noise)
+
+
+def test_int8_bytes_and_state(fp32_model):
+    model = small_llama(torch.bfloat16)
+    decoder = TritonDecoder(model, capacity=32, quantize=quantize_int8)
+    cfg = model.config
+    d, layers = cfg.head_dim, cfg.num_hidden_layers
+    rows_cols = [((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d,
+                  cfg.hidden_size), (cfg.hidden_size, cfg.num_attention_heads * d),
+                 (2 * cfg.intermediate_size, cfg.hidden_size),
+                 (cfg.hidden_size, cfg.intermediate_size)] * layers + [
+        (cfg.vocab_size, cfg.hidden_size)]
+    matrices = sum(n * k + 2 * n for n, k in rows_cols)  # int8, a BF16 scale a row
+    norms = 2 * cfg.hidden_size * (2 * layers + 1)
+    kv = 2 * layers * cfg.num_key_value_heads * d * 2 * (5 + 2)
+    assert decoder.step_bytes(5) == matrices + norms + 2 * cfg.hidden_size + kv
+    # the same as the accounting of gpuinfer.cost (whose context counts the new slot)
+    parts = cost.int8_bytes_by_part(cost.ModelShape.of(cfg), context=5 + 1, itemsize=2)
+    assert decoder.step_bytes(5) == sum(parts.values())
+    assert decoder.lm_head.q.data_ptr() != decoder.embed.data_ptr()
+    addresses = [t.data_ptr() for t in decoder.tensors()]
+    first = decoder.generate(prompt_of(5), 6)
+    assert torch.equal(decoder.generate(prompt_of(5), 6), first)
+    assert addresses == [t.data_ptr() for t in decoder.tensors()]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
+def test_graph_replay_gives_the_eager_tokens(fp32_model, pdl):
+    prompt = prompt_of(9)
+    decoder = TritonDecoder(fp32_model, capacity=64, pdl=pdl)
+    eager = decoder.generate(prompt, 40, graph=False)
+    assert torch.equal(decoder.generate(prompt, 40, graph=True), eager)
+    assert torch.equal(eager, decode_naive(fp32_model, prompt, 40))
+
+
+@pytest.mark.gpu
+def test_bf16_graph_teacher_forced():
+    model = small_llama(torch.bfloat16)
+    decoder = TritonDecoder(model, capacity=32)
+    decoder.capture()
+    sequence = prompt_of(20, seed=5)
+    decoder.prefill(sequence[:, :10])
+    for pos in range(10, 16):
+        ours = decoder.step_logits(sequence[0, pos], graph=True).float()
+        with torch.no_grad():
+            ref = model(input_ids=sequence[:, : pos + 1]).logits[0, -1].float()
+        assert float((ours - ref).norm() / ref.norm()) <= 3e-2
+
+
+@pytest.mark.gpu
+def test_int8_graph_replay_gives_the_eager_tokens():
+    model = small_llama(torch.bfloat16)
+    decoder = TritonDecoder(model, capacity=64, quantize=quantize_int8)
+    prompt = prompt_of(9)
+    eager = decoder.generate(prompt, 40, graph=False)
+    assert torch.equal(decoder.generate(prompt, 40, graph=True), eager)
