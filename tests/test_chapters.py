@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuinfer.publish.recordings import chapters, read_chapter
+from gpuinfer.publish.recordings import chapters, drafts, read_chapter
 
 ROOT = Path(__file__).resolve().parent.parent
-CHAPTERS = chapters(ROOT)
+CHAPTERS = {**chapters(ROOT), **drafts(ROOT)}  # a draft, out of the TOC, is tested too
 
 
 def execute_smoke(path: Path, tmp_path: Path, monkeypatch):
@@ -40,6 +40,11 @@ def output_text(nb) -> str:
 
 def test_there_are_chapters():
     assert "01_roofline" in CHAPTERS
+
+
+def test_a_draft_is_a_chapter_out_of_the_toc():
+    assert "05_triton_decode" in drafts(ROOT)  # in the TOC once it is recorded on the GPU
+    assert not set(drafts(ROOT)) & set(chapters(ROOT))
 
 
 @pytest.mark.slow

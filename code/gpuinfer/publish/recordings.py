@@ -87,6 +87,16 @@ def chapters(root: Path | str) -> dict[str, Path]:
     return found
 
 
+def drafts(root: Path | str) -> dict[str, Path]:
+    """Chapters written but not yet in the TOC: the MyST notebooks beside the chapters that
+    the TOC does not list, {stem: path}. The build leaves them out (only_build_toc_files);
+    the tests still run them in smoke mode."""
+    listed = chapters(root)
+    folders = sorted({path.parent for path in listed.values()})
+    return {path.stem: path for folder in folders for path in sorted(folder.glob("*.md"))
+            if path.stem not in listed and is_myst_notebook(path)}
+
+
 def recording_path(chapter_path: Path) -> Path:
     """`book/01_roofline.md` -> `book/_recorded/01_roofline.ipynb`."""
     return chapter_path.parent / "_recorded" / (chapter_path.stem + ".ipynb")
