@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -128,10 +129,18 @@ def chapter_hash(nb) -> str:
     return _sha256(json.dumps(code_sources(nb)).encode())
 
 
+@functools.lru_cache(maxsize=None)
+def _python_tree(source: str) -> ast.Module:
+    """`ast.parse`, once per distinct source: a status check follows the imports of every
+    module and hashes it, for every chapter, and the chapters share most modules. Callers
+    only read the tree."""
+    return ast.parse(source)
+
+
 def _parse(source: str) -> ast.Module:
     """Parse a cell; IPython syntax (%magic, !shell) is translated to Python first."""
     try:
-        return ast.parse(source)
+        return _python_tree(source)
     except SyntaxError:
         pass
     try:
@@ -221,12 +230,13 @@ def _canonical(node) -> str:
         if value is not None and value != []) + ")"
 
 
+@functools.lru_cache(maxsize=None)  # the chapters share most modules
 def source_hash(source: str) -> str:
     """sha256 of a module as Python parses it: comments, docstrings, blank lines and layout
     do not count; a changed name, constant or statement does. Source that does not parse
     is hashed as written (running it fails anyway)."""
     try:
-        return _sha256(_canonical(ast.parse(source)).encode())
+        return _sha256(_canonical(_python_tree(source)).encode())
     except SyntaxError:
         return _sha256(source.replace("\r\n", "\n").encode())
 
