@@ -344,22 +344,67 @@ def test_int8_lm_head_argmax():
 
 
 # --------------------------------------------------------------------------------------
-# Compiled for a Hopper GPU (no GPU needed), and on the GPU itself
+# Compiled for the book's GPUs (no GPU needed), and on the GPU itself
 # --------------------------------------------------------------------------------------
 
+# Run without TRITON_INTERPRET, so that the kernels compile: aot's report (every
+# target), then the embedding kernel with PDL for an A100, which must not compile.
+AOT_SCRIPT = """
+import contextlib, io, sys, torch
+from gpuinfer.kernels import aot
+from gpuinfer.kernels.argmax import embed
+code = aot.main()
+t = lambda *shape, dt=torch.bfloat16: torch.empty(shape, dtype=dt)
+print("sm_80 with PDL:", end=" ")
+try:  # Triton prints the whole PTX on a ptxas error: not here
+    with contextlib.redirect_stdout(io.StringIO()), aot.compile_only(80):
+        embed(t(64, 1024), t(8, dt=torch.long), t(1, dt=torch.long), t(1024), pdl=True)
+    print("compiled")
+except Exception as e:
+    print(type(e).__name__, e)
+sys.exit(code)
+"""
 
-def test_kernels_compile_for_hopper_without_spills():
-    """Every kernel of the 1B step, default tiling, PDL on, compiled for sm_90: what the
-    interpreter cannot check. The GEMVs must not spill registers."""
+
+@pytest.fixture(scope="module")
+def aot_output():
+    """(exit code, output) of AOT_SCRIPT: one process, so its imports are paid once."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = Path(__file__).resolve().parent.parent / "code"
     env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-m", "gpuinfer.kernels.aot"], env=env,
+    proc = subprocess.run([sys.executable, "-c", AOT_SCRIPT], env=env, check=False,
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    bf16, int8 = proc.stdout.split("int8 weights:")
-    for step in (bf16, int8):
-        assert step.count("gemv") == 3 and "qkv_rope_kernel" in step
+    return proc.returncode, proc.stdout + proc.stderr[-3000:]
+
+
+def test_kernels_compile_for_sm_80_89_90_without_spills(aot_output):
+    """Every kernel of the 1B step, default tiling, BF16 and int8, compiled for the
+    A100 (sm_80) and the L4 / RTX 40xx (sm_89) with PDL off and for Hopper (sm_90)
+    with it on, as the book runs them: what the interpreter cannot check. No kernel
+    may spill registers (aot exits 1 if one does)."""
+    code, out = aot_output
+    assert code == 0, out
+    steps, rows = {}, []
+    for line in out.splitlines():
+        if " weights, PDL " in line:
+            steps[line[:-1]] = rows = []
+        elif line.startswith("  "):
+            rows.append(line)
+    assert list(steps) == [f"sm_{sm}, {weights} weights, PDL {pdl}"
+                           for sm, pdl in ((80, "off"), (89, "off"), (90, "on"))
+                           for weights in ("bf16", "int8")], out
+    for rows in steps.values():
+        step = "\n".join(rows)
+        assert step.count("gemv") == 3 and "qkv_rope_kernel" in step, out
+        assert step.count("'stack': 0,") == len(rows), out
+
+
+def test_pdl_does_not_compile_for_sm_80(aot_output):
+    """PDL's griddepcontrol instructions need sm_90: why `pdl_supported` (and
+    aot.pdl_for) turn it off below Hopper."""
+    _, out = aot_output
+    assert "sm_80 with PDL: PTXASError" in out, out
+    assert "Instruction 'griddepcontrol' requires .target sm_90 or higher" in out, out
 
 
 @pytest.mark.gpu

@@ -32,13 +32,20 @@ def test_library_without_an_int8_product_says_so():
                           repeats=2)
 
 
-def test_inductor_compiles_each_matrix_shape_for_itself(monkeypatch):
-    """No symbolic sizes: the second shape would otherwise recompile for any shape, and
-    Inductor's column would time a generic kernel. Past torch's default recompile limit
-    (8) it would fall back to eager; ten shapes stay compiled."""
-    compiled_shapes = []
+def test_gemv_variants_time_every_impl_over_the_same_matrices():
+    fns, nbytes = tb.gemv_variants(64, 64, ("ours", "cuBLAS"), device=DEVICE,
+                                   config=SMALL)
+    assert set(fns) == {"ours", "cuBLAS"}
+    calls = max(1 + 63, 8)  # 8 KB matrices: as many copies as max_sets allows
+    assert nbytes == 64 * 64 * 2 * calls
+    for fn in fns.values():
+        fn()
 
-    def backend(gm, example_inputs):  # records what each compilation specialised on
+
+def eager_compile(monkeypatch, compiled_shapes):
+    """torch.compile without Inductor (no C++ compile on a CPU): each compilation records
+    the shapes it specialised on, and runs its graph as traced."""
+    def backend(gm, example_inputs):
         compiled_shapes.append([tuple(t.shape) for t in example_inputs
                                 if isinstance(t, torch.Tensor)])
         return gm.forward
@@ -47,6 +54,14 @@ def test_inductor_compiles_each_matrix_shape_for_itself(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(
         fn, backend=backend, dynamic=kw["dynamic"]))
     torch._dynamo.reset()
+
+
+def test_inductor_compiles_each_matrix_shape_for_itself(monkeypatch):
+    """No symbolic sizes: the second shape would otherwise recompile for any shape, and
+    Inductor's column would time a generic kernel. Past torch's default recompile limit
+    (8) it would fall back to eager; ten shapes stay compiled."""
+    compiled_shapes = []
+    eager_compile(monkeypatch, compiled_shapes)
     shapes = [(16 * (i + 1), 8 * (i % 3 + 1)) for i in range(10)]
     for n, k in shapes:
         x = torch.randn(k)
@@ -54,7 +69,7 @@ def test_inductor_compiles_each_matrix_shape_for_itself(monkeypatch):
         w = torch.randn(n, k)
         torch.testing.assert_close(product(w), x[None] @ w.T)
     torch._dynamo.reset()
-    assert compiled_shapes == [[(n, k), (1, k)] for n, k in shapes]
+    assert compiled_shapes == [[(1, k), (n, k)] for n, k in shapes]
 
 
 def tiny_bf16_llama():
@@ -96,12 +111,48 @@ def test_gemv_chain_of_int8_weights_has_no_library_variant():
         tb.gemv_chain(decoder, "cuBLAS")
 
 
+@pytest.mark.parametrize("quantize", [None, quantize_int8], ids=["bf16", "int8"])
+def test_gemv_chain_by_inductor_computes_the_products(monkeypatch, quantize):
+    """Inductor's chain: every product of the step, int8 ones as gpt-fast's weight-only
+    linear, each shape compiled once."""
+    from gpuinfer.triton_decode import TritonDecoder
+
+    compiled_shapes = []
+    eager_compile(monkeypatch, compiled_shapes)
+    decoder = TritonDecoder(tiny_bf16_llama(), capacity=16, quantize=quantize)
+    seen = []
+    real = tb.inductor_linear
+
+    def checked_linear():
+        linear = real()
+
+        def check(x, w):
+            y = linear(x, w)
+            capturing = DEVICE == "cuda" and torch.cuda.is_current_stream_capturing()
+            if not capturing:  # no host read inside a graph capture
+                dense = w.dequantized(x.dtype) if quantize else w
+                torch.testing.assert_close(y.float(), (x @ dense.T).float(), rtol=0.02,
+                                           atol=0.02)
+            seen.append(tuple(w.shape))
+            return y
+        return check
+
+    monkeypatch.setattr(tb, "inductor_linear", checked_linear)
+    chain = tb.gemv_chain(decoder, "Inductor")
+    seen.clear()
+    chain()
+    torch._dynamo.reset()
+    if DEVICE == "cpu":
+        assert seen == [(128, 64), (64, 64), (256, 64), (64, 128)] * 2 + [(256, 64)]
+    assert len(compiled_shapes) == 4  # one compilation per distinct shape
+
+
 def test_row_tiling_counts_the_paired_matrices_in_rows():
     from gpuinfer.kernels.tiling import PAIRED
     from gpuinfer.triton_decode import TritonDecoder
 
     decoder = TritonDecoder(tiny_bf16_llama(), capacity=16)
     for name, config in decoder.configs.items():
-        tiling = tb.row_tiling(decoder, name)
+        tiling = tb.row_tiling(decoder.configs, name)
         assert tiling.block_n == config.block_n * (2 if name in PAIRED else 1)
         assert (tiling.block_k, tiling.split_k) == (config.block_k, config.split_k)

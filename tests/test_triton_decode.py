@@ -220,3 +220,22 @@ def test_int8_graph_replay_gives_the_eager_tokens():
     prompt = prompt_of(9)
     eager = decoder.generate(prompt, 40, graph=False)
     assert torch.equal(decoder.generate(prompt, 40, graph=True), eager)
+
+
+def test_the_step_is_tiled_by_its_weights_and_its_cache():
+    from gpuinfer.kernels.tiling import alone_configs, default_attention, default_configs
+
+    bf16, int8 = default_configs(True, "bf16"), default_configs(True, "int8")
+    assert bf16 != int8 and bf16 != alone_configs(True)
+    with pytest.raises(ValueError, match="fp8"):
+        default_configs(True, "fp8")
+    short, long = default_attention(True, 320), default_attention(True, 32 * 1024)
+    assert short["n_split"] < long["n_split"]
+    assert default_configs(False) == alone_configs(False)  # the interpreter's
+
+
+def test_a_decoder_takes_its_weights_tiling_and_its_capacitys_split(fp32_model):
+    from gpuinfer.kernels.tiling import default_attention
+
+    decoder = TritonDecoder(fp32_model, capacity=64, quantize=quantize_int8)
+    assert decoder.attention == default_attention(decoder.on_gpu, 64)

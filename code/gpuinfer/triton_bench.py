@@ -1,18 +1,19 @@
-"""Chapter 5's measurements of single kernels, each against what the library runs instead:
+"""Chapter 5's measurements of single kernels, each beside what the library runs instead:
 
-- `gemv_bandwidth`: one matrix-vector product, ours (`gpuinfer.kernels.gemv`), cuBLAS
-  (`F.linear`) or Inductor's (`F.linear` compiled with coordinate-descent tuning), as the
-  bytes of its matrix per second, the matrices rotated past the L2 cache; with int8
-  weights, ours or Inductor's compilation of the int8 weight-only linear (`quant.linear`,
-  as gpt-fast and torchao run it);
+- `gemv_variants`: one matrix-vector product, ours (`gpuinfer.kernels.gemv`), cuBLAS
+  (`F.linear`) or Inductor's (`F.linear` compiled with coordinate-descent tuning), each
+  over copies of the matrix that together exceed the L2 cache, ready to be timed in
+  interleaved rounds; with int8 weights, ours or Inductor's compilation of gpt-fast's
+  int8 weight-only linear (`F.linear(x, q.to(x.dtype)) * scale`);
+  `gemv_bandwidth` times one of them alone;
 - `gemv_chain`: every matrix-vector product of a decode step, chained in one CUDA graph,
-  with or without programmatic dependent launch;
+  ours (with or without programmatic dependent launch), cuBLAS's or Inductor's;
 - `attention_us`: decode attention over a context, our split-KV kernel or
   `F.scaled_dot_product_attention`.
 
-All run from CUDA graphs, so that what is measured is the kernels, not their launches from
-Python: a single product from back-to-back replays (`gpuinfer.timing.benchmark_graph`), the
-chain as one replay per call.
+All run from CUDA graphs, so that what is measured is the kernels, not their launches
+from Python: a product as a replay of many calls over rotated copies, the chain as one replay
+per call.
 """
 
 from __future__ import annotations
@@ -26,20 +27,50 @@ import torch.nn.functional as F
 from gpuinfer.kernels.attention import AttentionWorkspace, decode_attention
 from gpuinfer.kernels.common import Workspace
 from gpuinfer.kernels.gemv import GemvConfig, gemv
-from gpuinfer.kernels.quant import linear
+from gpuinfer.kernels.quant import Int8Matrix
 from gpuinfer.kernels.tiling import PAIRED
 from gpuinfer.timing import benchmark, benchmark_graph, capture_graph, fresh_inputs
 
 IMPLS = ("ours", "cuBLAS", "Inductor")
 RECOMPILE_LIMIT = 64  # matrix shapes Inductor's product may compile for, each its own
+INDUCTOR_OPTIONS = {"coordinate_descent_tuning": True}  # gpt-fast's M = 1 reduction
 
 
 def step_matrices(decoder) -> dict[str, tuple[int, int]]:
-    """The shapes (rows, columns) of the matrix products of a decode step of `decoder`."""
+    """The shapes (rows, columns) of the matrix products of a step of `decoder`."""
     layer = decoder.layers[0]
     return {name: tuple(getattr(layer, name).shape) for name in ("qkv", "o", "gate_up",
                                                                  "down")} | {
         "lm_head": tuple(decoder.lm_head.shape)}
+
+
+def dense_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.linear, as a Python function for torch.compile to trace."""
+    return F.linear(x, w)
+
+
+def weight_only_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor):
+    """gpt-fast's WeightOnlyInt8Linear: the int8 matrix widened to x's dtype, the
+    product scaled per row; compiled, Inductor fuses the widening into its reduction."""
+    return F.linear(x, q.to(x.dtype)) * scale
+
+
+def inductor_linear() -> Callable:
+    """fn(x, w): x @ W^T by the kernels Inductor generates, compiled once per matrix
+    shape (`dynamic=False`, as a decode step's shapes are fixed: otherwise the second
+    shape would recompile for symbolic sizes, and every later shape would run that
+    generic kernel), for a BF16 matrix or an Int8Matrix."""
+    dense = torch.compile(dense_linear, dynamic=False, options=INDUCTOR_OPTIONS)
+    int8 = torch.compile(weight_only_int8, dynamic=False, options=INDUCTOR_OPTIONS)
+
+    def linear(x, w):
+        # one compilation per shape: past the default limit (8) torch would fall back to
+        # running eagerly, with a warning only
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            if isinstance(w, Int8Matrix):
+                return int8(x, w.q, w.scale)
+            return dense(x, w)
+    return linear
 
 
 def _product(impl: str, x: torch.Tensor, n: int, config: GemvConfig, pdl: bool):
@@ -47,6 +78,8 @@ def _product(impl: str, x: torch.Tensor, n: int, config: GemvConfig, pdl: bool):
     if impl == "ours":
         out = torch.empty(n, device=x.device, dtype=x.dtype)
         ws = Workspace(x.device, 1 << 20, 1 << 16)
+
+        config = config.fit(x.numel())
 
         def ours(w):
             return gemv(w, x, out, config=config, pdl=pdl, workspace=ws)
@@ -60,29 +93,35 @@ def _product(impl: str, x: torch.Tensor, n: int, config: GemvConfig, pdl: bool):
             return F.linear(x[None], w)
         return library
     if impl == "Inductor":
-        # quant.linear: F.linear itself for a plain matrix, int8 widened and scaled.
-        # dynamic=False: each matrix shape gets a kernel of its own, as a decode step's
-        # fixed shapes do; by default the second shape would recompile `linear` for
-        # symbolic sizes, and every later shape would run that generic kernel.
-        compiled = torch.compile(linear, dynamic=False,
-                                 options={"coordinate_descent_tuning": True})
-
-        def inductor(w):
-            # one compilation per shape: past the default limit (8) torch would fall
-            # back to running `linear` eagerly, with a warning only
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                return compiled(x[None], w)
-        return inductor
+        linear = inductor_linear()
+        return lambda w: linear(x[None], w)
     raise ValueError(f"impl={impl!r}: one of {IMPLS}")
 
 
-def gemv_bandwidth(n: int, k: int, impl: str, *, dtype=torch.bfloat16, device="cuda",
-                   config: GemvConfig = GemvConfig(8, 2048, 1, 8), pdl: bool = False,
-                   quantize: Callable | None = None, repeats: int = 10) -> float:
-    """Bytes of an (n, k) matrix per second of its product with a vector, by `impl`, over
-    copies of the matrix that together exceed the L2 cache (each call reads one from
-    memory). `quantize` (e.g. quantize_int8): the matrices stored quantized, their bytes
-    counted as stored (scales included)."""
+def _graphed(fn: Callable[[], object], keep: object) -> Callable[[], None]:
+    """fn captured in a CUDA graph (on a GPU): a call replays it. `keep` is what the
+    graph reads and writes at the addresses it captured; the replay holds it, since
+    graph.replay alone would not, and freed buffers would be reused under the graph."""
+    if not torch.cuda.is_available():
+        return fn
+    graph, _ = capture_graph(fn, warmup=1)
+
+    def replay():
+        graph.replay()
+
+    replay.buffers = keep
+    return replay
+
+
+def gemv_variants(n: int, k: int, impls=IMPLS, *, dtype=torch.bfloat16, device="cuda",
+                  config: GemvConfig = GemvConfig(8, 2048, 1, 8), pdl: bool = False,
+                  quantize: Callable | None = None) -> tuple[dict, int]:
+    """({impl: fn}, bytes): each fn runs the product of an (n, k) matrix with a vector,
+    the way impl does, once over each of several copies of the matrix that together
+    exceed the L2 cache (each product reads its matrix from memory), as one graph
+    replay; bytes is what one call reads of the matrices. Time the fns together
+    (`timing.interleaved_rounds`). `quantize` (e.g. quantize_int8): the matrices
+    stored quantized, their bytes counted as stored (scales included)."""
     def matrix():
         w = torch.randn(n, k, device=device, dtype=dtype) * 0.02
         return (w if quantize is None else quantize(w),)
@@ -91,54 +130,87 @@ def gemv_bandwidth(n: int, k: int, impl: str, *, dtype=torch.bfloat16, device="c
     stored = first[0].nbytes  # as stored: int8 values and their scales, if quantized
     weights = [first] + fresh_inputs(matrix, stored, max_sets=63)
     x = torch.randn(k, device=device, dtype=dtype)
-    fn = _product(impl, x, n, config, pdl)
     calls = max(len(weights), 8)
-    timing = benchmark_graph(fn, calls=calls, inputs=weights, repeats=repeats)
-    return stored / (timing.median / 1e3)
+    fns = {}
+    for impl in impls:
+        fn = _product(impl, x, n, config, pdl)
+
+        def calls_in_a_row(fn=fn):
+            for i in range(calls):
+                fn(*weights[i % len(weights)])
+
+        calls_in_a_row()  # compiles (Inductor), outside the graph and the timing
+        fns[impl] = _graphed(calls_in_a_row, (weights, x))
+    return fns, stored * calls
 
 
-def row_tiling(decoder, name: str) -> GemvConfig:
-    """`decoder`'s tiling of its matrix `name` for a plain GEMV of that matrix: the decoder
-    counts the rows of qkv and gate_up in pairs (`kernels.tiling.PAIRED`), a plain GEMV
-    counts rows, so their block_n doubles."""
-    c = decoder.configs[name]
+def gemv_bandwidth(n: int, k: int, impl: str, *, dtype=torch.bfloat16, device="cuda",
+                   config: GemvConfig = GemvConfig(8, 2048, 1, 8), pdl: bool = False,
+                   quantize: Callable | None = None, repeats: int = 10) -> float:
+    """Bytes of an (n, k) matrix per second of its product with a vector, by `impl`,
+    timed alone (`gemv_variants`, one impl)."""
+    fns, nbytes = gemv_variants(n, k, (impl,), dtype=dtype, device=device,
+                                config=config, pdl=pdl, quantize=quantize)
+    timing = benchmark(fns[impl], warmup=3, repeats=repeats)
+    return nbytes / (timing.median / 1e3)
+
+
+def row_tiling(configs: dict[str, GemvConfig], name: str) -> GemvConfig:
+    """The tiling `configs` (a decoder's convention) gives matrix `name`, for a plain
+    GEMV of that matrix: the decoder counts the rows of qkv and gate_up in pairs
+    (`kernels.tiling.PAIRED`), a plain GEMV counts rows, so their block_n doubles."""
+    c = configs[name]
     return dataclasses.replace(c, block_n=c.block_n * (2 if name in PAIRED else 1))
 
 
-def gemv_chain(decoder, impl: str, *, pdl: bool = False) -> Callable[[], None]:
-    """All the matrix-vector products of one decode step of `decoder` (every layer's q/k/v,
-    o, gate/up and down, and the lm_head, on its own weights, with its tilings), launched
-    back to back: a call runs them once, on a GPU as one replay of the CUDA graph they
-    were captured into. Each product reads a fixed input vector of its width: the chain
-    measures the streaming of the weights and the hand-over between kernels, not the
-    step's arithmetic. Time the variants together (`timing.interleaved_rounds`)."""
+def gemv_chain(decoder, impl: str, *, pdl: bool = False,
+               configs: dict[str, GemvConfig] | None = None) -> Callable[[], None]:
+    """All the matrix-vector products of one decode step of `decoder` (every layer's
+    q/k/v, o, gate/up and down, and the lm_head, on its own weights), back to back: a
+    call runs them once, on a GPU as one replay of the CUDA graph they were captured
+    into. impl: "ours" (tiled by `configs`, in the decoder's convention, default the
+    decoder's own), "cuBLAS" or "Inductor" (int8 weights: gpt-fast's weight-only
+    linear). Each product reads a fixed input vector of its width: the chain measures
+    the streaming of the weights and the hand-over between kernels, not the step's
+    arithmetic. Time the variants together (`timing.interleaved_rounds`)."""
     mats = [(name, getattr(layer, name)) for layer in decoder.layers
-            for name in ("qkv", "o", "gate_up", "down")] + [("lm_head", decoder.lm_head)]
+            for name in ("qkv", "o", "gate_up", "down")]
+    mats.append(("lm_head", decoder.lm_head))
     dev, dt = decoder.device, decoder.dtype
     xs = {w.shape[1]: torch.randn(w.shape[1], device=dev, dtype=dt) for _, w in mats}
     if impl == "ours":
         outs = {w.shape[0]: torch.empty(w.shape[0], device=dev, dtype=dt)
                 for _, w in mats}
         ws = Workspace(dev, 1 << 20, 1 << 16)
-        configs = {name: row_tiling(decoder, name) for name in decoder.configs}
+        configs = configs or decoder.configs
+        k = {name: w.shape[1] for name, w in mats}
+        tiles = {name: row_tiling(configs, name).fit(k[name]) for name in configs}
 
         def chain():
             for name, w in mats:
-                gemv(w, xs[w.shape[1]], outs[w.shape[0]], config=configs[name], pdl=pdl,
+                gemv(w, xs[w.shape[1]], outs[w.shape[0]], config=tiles[name], pdl=pdl,
                      workspace=ws)
     elif impl == "cuBLAS":
         if decoder.quantized:
-            raise ValueError("cuBLAS has no int8 x BF16 product: time impl='ours'")
+            raise ValueError("cuBLAS has no int8 x BF16 product: time impl='ours' or "
+                             "impl='Inductor'")
 
         def chain():
             for _, w in mats:
                 F.linear(xs[w.shape[1]][None], w)
+    elif impl == "Inductor":
+        linear = inductor_linear()
+
+        def chain():
+            for _, w in mats:
+                linear(xs[w.shape[1]][None], w)
+
+        chain()  # compiles, one shape at a time, outside the graph
     else:
-        raise ValueError(f"impl={impl!r}: ours or cuBLAS")
+        raise ValueError(f"impl={impl!r}: one of {IMPLS}")
     if dev.type != "cuda":
         return chain
-    graph, _ = capture_graph(chain, warmup=1)
-    return graph.replay
+    return _graphed(chain, chain)  # the closure holds xs, outs and the workspace
 
 
 def attention_us(kv_heads: int, group: int, head_dim: int, context: int, impl: str, *,
@@ -152,7 +224,8 @@ def attention_us(kv_heads: int, group: int, head_dim: int, context: int, impl: s
     caches = fresh_inputs(lambda: tuple(torch.randn(kv_heads, context, head_dim,
                                                     device=device, dtype=dtype)
                                         for _ in range(2)),
-                          2 * kv_heads * context * head_dim * dtype.itemsize, max_sets=1024)
+                          2 * kv_heads * context * head_dim * dtype.itemsize,
+                          max_sets=1024)
     q = torch.randn(heads * head_dim, device=device, dtype=dtype)
     if impl == "ours":
         pos = torch.tensor([context - 1], device=device)

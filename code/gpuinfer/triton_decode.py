@@ -60,11 +60,13 @@ class TritonDecoder:
     reads tokens[pos], writes tokens[pos + 1] and the logits, and advances pos.
 
     Options: `pdl` (off where unsupported: the interpreter, before Hopper); `configs`,
-    {name: GemvConfig} over `default_configs` for the GEMVS; `inline_reduce`: split-K
+    {name: GemvConfig} over `default_configs` (the step's tiling, which depends on the
+    weights' type) for the GEMVS; `inline_reduce`: split-K
     and the attention combine finished by the last program to arrive (False: no
     split-K, a combine kernel per layer); `inline_argmax`: the same for the lm_head
     argmax (off by default: 16,032 programs arriving at one counter cost the H200
-    about 90 µs); `attention`: {n_split, block_s, num_warps} over `default_attention`;
+    about 90 µs); `attention`: {n_split, block_s, num_warps} over `default_attention`
+    (which picks the split by the capacity);
     `quantize`: None (the model's weights) or a function from a matrix to its quantized
     form (`quantize_int8`), applied to every matrix of the step.
     """
@@ -117,13 +119,15 @@ class TritonDecoder:
         self.inline_reduce = inline_reduce
         self.inline_argmax = inline_argmax and inline_reduce
         self.on_gpu = dev.type == "cuda" and not INTERPRETED  # compiled kernels, graphs
-        configs = {**default_configs(self.on_gpu), **(configs or {})}
+        weights = "int8" if self.quantized else "bf16"
+        configs = {**default_configs(self.on_gpu, weights), **(configs or {})}
         ks = {"qkv": hidden, "o": self.n_heads * self.head_dim, "gate_up": hidden,
               "down": inter, "lm_head": hidden}
         self.configs = {name: self._fit(configs[name], ks[name]) for name in GEMVS}
         if self.configs["lm_head"].split_k != 1:
             raise ValueError("the lm_head GEMV has no split-K")
-        self.attention = {**default_attention(self.on_gpu), **(attention or {})}
+        self.attention = {**default_attention(self.on_gpu, capacity),
+                          **(attention or {})}
         outs = {"qkv": (self.q.numel() + 2 * self.n_kv * self.head_dim) // 2,
                 "o": hidden, "gate_up": inter, "down": hidden}  # rows or pairs
         need = [(c.grid(outs[n], ks[n]), c.block_n * (1 + (n in PAIRED)))
@@ -138,9 +142,8 @@ class TritonDecoder:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def _fit(self, config: GemvConfig, k: int) -> GemvConfig:
-        block_k = min(config.block_k, triton.next_power_of_2(k))  # no wider than K
         split_k = config.split_k if self.inline_reduce else 1  # needs the last program
-        return replace(config, block_k=block_k, split_k=split_k)
+        return replace(config.fit(k), split_k=split_k)
 
     def weights(self) -> list[torch.Tensor | Int8Matrix]:
         """Every weight a step reads in full: the layers' and the lm_head."""

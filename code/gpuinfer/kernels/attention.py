@@ -6,7 +6,9 @@ once, not once per query head) and the s-th of `n_split` chunks of the slots 0..
 The chunk length follows pos (a multiple of `block_s`), so the same launch, captured
 once in a CUDA graph, serves any context: from `n_split * block_s` slots on, every
 program of a head has a chunk; below that, only the first ceil((pos + 1) / block_s) do
-(4 of 32 at 256 slots), and the others write an empty partial. Each program runs the
+(4 of 32 at 256 slots), and the others exit: they write nothing and the combine reads
+only the partials of the splits that had slots. So one wide split serves short contexts
+and long ones. Each program runs the
 online softmax over its chunk, both products on the tensor cores (the group's few
 queries padded to the 16 rows tl.dot needs), and writes a partial (max, sum, weighted
 values); the partials of a head are then combined:
@@ -14,6 +16,10 @@ values); the partials of a head are then combined:
 - inline (default): the last program of head h to finish combines its head's
   partials (`arrive`): no second kernel;
 - or by `attention_combine_kernel`, one program per head, launched after.
+
+Under PDL a program loads its chunk's first tile of keys and values *before* waiting for
+the q/k/v kernel: the slots before pos were written by earlier steps, and only slot pos,
+the newest, is then patched in from what that kernel wrote.
 
 The loop over a chunk is a while loop: its bounds depend on pos, a tensor, and
 Triton's interpreter cannot iterate a range over tensor bounds.
@@ -30,20 +36,32 @@ from gpuinfer.kernels.common import (INTERPRETED, arrive, check_pow2, launch_opt
 
 
 @triton.jit
-def combine_head(part_ptr, o_ptr, h, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 N_SPLIT: tl.constexpr):
-    """o of head h's query heads from its N_SPLIT partials (in split order, in FP32)."""
+def chunk_of(n, N_SPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Slots per split for a context of n slots: a multiple of BLOCK_S, so that only the
+    first cdiv(n, chunk) splits have any."""
+    return tl.cdiv(tl.cdiv(n, N_SPLIT), BLOCK_S) * BLOCK_S
+
+
+@triton.jit
+def combine_head(part_ptr, o_ptr, h, active, GROUP: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, N_SPLIT: tl.constexpr):
+    """o of head h's query heads from the partials of its first `active` splits (the
+    non-empty ones), in split order, in FP32."""
     ROW: tl.constexpr = HEAD_DIM + 2  # a partial row: acc[0:HEAD_DIM], max, sum
     s = tl.arange(0, N_SPLIT)[:, None]
     g = tl.arange(0, GROUP)[None, :]
     row = ((h * N_SPLIT + s) * GROUP + g) * ROW  # (N_SPLIT, GROUP)
-    m = tl.load(part_ptr + row + HEAD_DIM, cache_modifier=".cg")
-    l = tl.load(part_ptr + row + HEAD_DIM + 1, cache_modifier=".cg")
+    written = s < active
+    m = tl.load(part_ptr + row + HEAD_DIM, mask=written, other=float("-inf"),
+                cache_modifier=".cg")
+    l = tl.load(part_ptr + row + HEAD_DIM + 1, mask=written, other=0.0,
+                cache_modifier=".cg")
     m_max = tl.max(m, axis=0)  # finite: split 0 always holds slot 0
-    scale = tl.exp(m - m_max[None, :])  # 0 for an empty split (max -inf)
+    scale = tl.exp(m - m_max[None, :])  # 0 for the splits never written
     total = tl.sum(l * scale, axis=0)
     d = tl.arange(0, HEAD_DIM)[None, None, :]
-    acc = tl.load(part_ptr + row[:, :, None] + d, cache_modifier=".cg")
+    acc = tl.load(part_ptr + row[:, :, None] + d, mask=written[:, :, None], other=0.0,
+                  cache_modifier=".cg")
     o = tl.sum(acc * scale[:, :, None], axis=0) / total[:, None]  # (GROUP, HEAD_DIM)
     dd = tl.arange(0, HEAD_DIM)[None, :]
     out = o_ptr + (h * GROUP + tl.arange(0, GROUP)[:, None]) * HEAD_DIM + dd
@@ -60,15 +78,31 @@ def attention_partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, o_ptr, cnt_
                              INLINE_COMBINE: tl.constexpr, PDL: tl.constexpr):
     h = tl.program_id(0)
     s = tl.program_id(1)
-    pdl_wait(PDL)  # q and the newest key and value come from the last kernel
-    n = tl.load(pos_ptr) + 1  # slots 0..pos
-    chunk = tl.cdiv(tl.cdiv(n, N_SPLIT), BLOCK_S) * BLOCK_S
+    # Before the PDL wait, what no kernel of this layer writes: pos (the previous step's
+    # last kernel wrote it, and that kernel has finished before the one before this
+    # launched us; .cg reads it at L2) and the cached slots before pos.
+    n = tl.load(pos_ptr, cache_modifier=".cg") + 1  # slots 0..pos
+    chunk = chunk_of(n, N_SPLIT, BLOCK_S)
     start = s * chunk
     end = tl.minimum(start + chunk, n)
+    d = tl.arange(0, HEAD_DIM)
+    base = h.to(tl.int64) * cache_head_stride
+    slots = start + tl.arange(0, BLOCK_S)
+    at = base + slots[:, None] * HEAD_DIM + d[None, :]
+    old = (slots < end) & (slots < n - 1)
+    k = tl.load(k_ptr + at, mask=old[:, None], other=0.0)
+    v = tl.load(v_ptr + at, mask=old[:, None], other=0.0)
+    pdl_wait(PDL)  # q and the newest key and value (slot pos) come from the last kernel
+    newest = slots == n - 1  # in this first tile, or nowhere in it
+    has_newest = (n - 1 >= start) & (n - 1 < start + BLOCK_S)
+    at_newest = base + (n - 1) * HEAD_DIM + d
+    k_new = tl.load(k_ptr + at_newest, mask=has_newest)
+    v_new = tl.load(v_ptr + at_newest, mask=has_newest)
+    k = tl.where(newest[:, None], k_new[None, :], k)
+    v = tl.where(newest[:, None], v_new[None, :], v)
     # The group's queries padded to GROUP_PAD >= 16 rows of zeros, the least tl.dot
     # takes: both products run on the tensor cores, and the padding costs no memory.
     g = tl.arange(0, GROUP_PAD)
-    d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + (h * GROUP + g)[:, None] * HEAD_DIM + d[None, :],
                 mask=(g < GROUP)[:, None], other=0.0)
     dt = q.dtype
@@ -80,44 +114,50 @@ def attention_partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, o_ptr, cnt_
     m = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
     l = tl.zeros((GROUP_PAD,), tl.float32)
     acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
-    base = h.to(tl.int64) * cache_head_stride
-    while start < end:
-        slots = start + tl.arange(0, BLOCK_S)
+    while start < end:  # k, v: the tile of slots start.., loaded by the last pass
         valid = slots < end
-        at = base + slots[:, None] * HEAD_DIM + d[None, :]
-        k = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
-        v = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+        kt, vt = k, v
         if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            kt = k.to(tl.float32)
+            vt = v.to(tl.float32)
+        scores = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(scores - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         # p rounded to the cache's dtype for the second product, as flash attention does
-        pv = tl.dot(round_to(p, dt).to(v.dtype), v, input_precision=PRECISION)
+        pv = tl.dot(round_to(p, dt).to(vt.dtype), vt, input_precision=PRECISION)
         acc = acc * alpha[:, None] + pv
         m = m_new
         start += BLOCK_S
-    ROW: tl.constexpr = HEAD_DIM + 2
-    row = part_ptr + ((h * N_SPLIT + s) * GROUP + g) * ROW
-    real = g < GROUP
-    tl.store(row[:, None] + d[None, :], acc, mask=real[:, None])
-    tl.store(row + HEAD_DIM, m, mask=real)
-    tl.store(row + HEAD_DIM + 1, l, mask=real)
-    if INLINE_COMBINE:
-        if arrive(cnt_ptr + h, N_SPLIT):
-            combine_head(part_ptr, o_ptr, h, GROUP, HEAD_DIM, N_SPLIT)
+        slots = start + tl.arange(0, BLOCK_S)  # the next tile (none past the end)
+        at = base + slots[:, None] * HEAD_DIM + d[None, :]
+        k = tl.load(k_ptr + at, mask=(slots < end)[:, None], other=0.0)
+        v = tl.load(v_ptr + at, mask=(slots < end)[:, None], other=0.0)
+    # A split past the context writes nothing and is not waited for: at a short context
+    # a wide split costs only programs that exit, not a longer combine.
+    if s * chunk < n:
+        active = tl.cdiv(n, chunk)
+        ROW: tl.constexpr = HEAD_DIM + 2
+        row = part_ptr + ((h * N_SPLIT + s) * GROUP + g) * ROW
+        real = g < GROUP
+        tl.store(row[:, None] + d[None, :], acc, mask=real[:, None])
+        tl.store(row + HEAD_DIM, m, mask=real)
+        tl.store(row + HEAD_DIM + 1, l, mask=real)
+        if INLINE_COMBINE:
+            if arrive(cnt_ptr + h, active):
+                combine_head(part_ptr, o_ptr, h, active, GROUP, HEAD_DIM, N_SPLIT)
 
 
 @triton.jit
-def attention_combine_kernel(part_ptr, o_ptr, GROUP: tl.constexpr,
+def attention_combine_kernel(part_ptr, o_ptr, pos_ptr, GROUP: tl.constexpr,
                              HEAD_DIM: tl.constexpr, N_SPLIT: tl.constexpr,
-                             PDL: tl.constexpr):
+                             BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
-    combine_head(part_ptr, o_ptr, tl.program_id(0), GROUP, HEAD_DIM, N_SPLIT)
+    n = tl.load(pos_ptr) + 1
+    active = tl.cdiv(n, chunk_of(n, N_SPLIT, BLOCK_S))
+    combine_head(part_ptr, o_ptr, tl.program_id(0), active, GROUP, HEAD_DIM, N_SPLIT)
 
 
 class AttentionWorkspace:
@@ -159,7 +199,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         **launch_options(num_warps, num_stages, pdl))
     if not inline_combine:
         attention_combine_kernel[(n_kv,)](
-            ws.partials, out, GROUP=group, HEAD_DIM=head_dim, N_SPLIT=n_split, PDL=pdl,
+            ws.partials, out, pos, GROUP=group, HEAD_DIM=head_dim, N_SPLIT=n_split,
+            BLOCK_S=block_s, PDL=pdl,
             **launch_options(num_warps, 1, pdl))
     return out
 

@@ -22,7 +22,7 @@ columns; what matters is how many programs stream at once and how soon each star
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -49,6 +49,11 @@ class GemvConfig:
     def __post_init__(self):
         # tile sizes are tl.arange sizes: refused when the config is made, not at a launch
         check_pow2(block_n=self.block_n, block_k=self.block_k)
+
+    def fit(self, k: int) -> GemvConfig:
+        """This tiling for K = k columns: a tile no wider than k (rounded up to a power
+        of two), since a wider one would only load masked-out columns."""
+        return replace(self, block_k=min(self.block_k, triton.next_power_of_2(k)))
 
     def k_per_split(self, k: int) -> int:
         """Columns per split, a multiple of block_k."""

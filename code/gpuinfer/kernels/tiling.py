@@ -1,6 +1,14 @@
-"""How the decode step's kernels are tiled: one GemvConfig per weight matrix of the step
-and the attention kernel's split, for a GPU and for the interpreter. The values are the
-H200 probe's best (scripts/probes/NOTES-triton.md)."""
+"""How the decode step's kernels are tiled: one GemvConfig per weight matrix and the
+attention kernel's split, for a GPU and for the interpreter. The GPU values are the
+best of sweeps on an H200 (scripts/probes/probe_roof.py), each variant the whole
+graphed step, timed in interleaved rounds.
+
+A kernel's best tiling depends on what runs beside it. Alone, or chained with other
+products and nothing else, 8 warps a program stream best (`alone_configs`); inside the
+step, smaller programs of 4 warps won for every BF16 matrix (`default_configs`): the
+step took 0.75 ms against 0.88 with the tiling that is best alone (probes of 2026-12-01,
+at a context of 192 slots).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +16,15 @@ from gpuinfer.kernels.gemv import GemvConfig
 
 GEMVS = ("qkv", "o", "gate_up", "down", "lm_head")
 PAIRED = ("qkv", "gate_up")  # tiled in pairs of rows: their fused epilogues need both
+WEIGHTS = ("bf16", "int8")
+SHORT_CONTEXT = 2048  # slots: a cache this small gets attention's narrow split
 
 
-def default_configs(gpu: bool) -> dict[str, GemvConfig]:
-    """Per-matrix tiling (block_n in pairs for qkv and gate_up). On a GPU: 8 rows of
-    2048 (32 KB of BF16) per program, loaded as one tile before the PDL wait by 8
-    warps (under 100 registers a thread, no spills: `python -m gpuinfer.kernels.aot`);
-    4 rows for gate_up; no split-K (the H200 probe's best: NOTES-triton.md).
-    Interpreted: few, large programs, since each program is a Python call."""
+def alone_configs(gpu: bool) -> dict[str, GemvConfig]:
+    """The products' tiling when they run alone or chained (block_n in pairs for qkv
+    and gate_up): 8 rows of 2048 (32 KB of BF16) per program, 8 warps, loaded as one
+    tile before the PDL wait; 4 rows for gate_up. Interpreted: few, large programs,
+    since each program is a Python call."""
     if gpu:
         return {"qkv": GemvConfig(4, 2048, 1, 8), "o": GemvConfig(8, 2048, 1, 8),
                 "gate_up": GemvConfig(2, 2048, 1, 4), "down": GemvConfig(8, 2048, 1, 8),
@@ -23,7 +32,34 @@ def default_configs(gpu: bool) -> dict[str, GemvConfig]:
     return {name: GemvConfig(256, 4096) for name in GEMVS}
 
 
-def default_attention(gpu: bool) -> dict:
-    """decode_attention's tiling: 32 chunks per key/value head (256 programs for 8
-    heads) of 64-slot tiles on a GPU; one chunk per head interpreted."""
-    return {"n_split": 32 if gpu else 1, "block_s": 64, "num_warps": 4}
+def default_configs(gpu: bool, weights: str = "bf16") -> dict[str, GemvConfig]:
+    """The products' tiling inside the decode step, for BF16 or int8 weights: programs
+    of 4 warps, and narrow tiles for gate/up (512 columns of BF16, 256 of int8: the
+    first is loaded before the PDL wait, the others after), which the sweeps kept
+    narrowing while the step got faster. With int8 weights o and down keep 8 warps,
+    and twice the rows go into a program of gate/up and of the lm_head."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights={weights!r}: one of {WEIGHTS}")
+    if not gpu:
+        return alone_configs(gpu)
+    if weights == "int8":
+        return {"qkv": GemvConfig(4, 1024, 1, 4), "o": GemvConfig(8, 2048, 1, 8),
+                "gate_up": GemvConfig(16, 256, 1, 4), "down": GemvConfig(8, 2048, 1, 8),
+                "lm_head": GemvConfig(16, 512, 1, 4)}
+    return {"qkv": GemvConfig(4, 1024, 1, 4), "o": GemvConfig(8, 2048, 1, 4),
+            "gate_up": GemvConfig(4, 512, 1, 4), "down": GemvConfig(8, 2048, 1, 4),
+            "lm_head": GemvConfig(8, 2048, 1, 4)}
+
+
+def default_attention(gpu: bool, capacity: int = SHORT_CONTEXT) -> dict:
+    """decode_attention's tiling for a cache of `capacity` slots. The split is fixed
+    when a step is captured, so it is chosen for the longest context the cache holds:
+    up to SHORT_CONTEXT slots, 16 chunks per key/value head of 64-slot tiles, 2 warps
+    (the fewest programs that waiting on costs least); beyond, 64 chunks of 128-slot
+    tiles, 4 warps, so that a long context spreads over 512 programs. Interpreted: one
+    chunk per head."""
+    if not gpu:
+        return {"n_split": 1, "block_s": 64, "num_warps": 4}
+    if capacity <= SHORT_CONTEXT:
+        return {"n_split": 16, "block_s": 64, "num_warps": 2}
+    return {"n_split": 64, "block_s": 128, "num_warps": 4}
