@@ -7,7 +7,10 @@ rounds at a context of CTX slots; then the per-matrix winners combined; then the
 long contexts for several attention splits. Prints a line per result; writes JSON to
 $OUT/probe_roof.json.
 
-    PYTHONPATH=code python3 scripts/probes/probe_roof.py
+    PYTHONPATH=code python3 scripts/probes/probe_roof.py             # round 1, around
+                                                                    # the package defaults
+    PYTHONPATH=code python3 scripts/probes/probe_roof.py --round2    # the rounds as run
+    ...                                              --round3, --round4   on 2026-12-01
 """
 
 from __future__ import annotations
@@ -21,17 +24,16 @@ import time
 import traceback
 
 import torch
-import torch.nn.functional as F
 import triton
 
+from gpuinfer import triton_bench as tb
 from gpuinfer.kernels.argmax import ArgmaxWorkspace
 from gpuinfer.kernels.attention import AttentionWorkspace
 from gpuinfer.kernels.common import Workspace
-from gpuinfer.kernels.gemv import GemvConfig, gemv
+from gpuinfer.kernels.gemv import GemvConfig
 from gpuinfer.kernels.quant import quantize_int8
-from gpuinfer.kernels.tiling import GEMVS
+from gpuinfer.kernels.tiling import GEMVS, alone_configs
 from gpuinfer.llama import build_model, model_config
-from gpuinfer.timing import capture_graph
 from gpuinfer.triton_decode import TritonDecoder
 
 T0 = time.time()
@@ -197,70 +199,21 @@ def tune(tag: str, base: TritonDecoder, int8: bool) -> tuple[dict, dict]:
 
 
 def chains(base: TritonDecoder, quant: TritonDecoder, best_bf16: dict, best_int8: dict):
-    from gpuinfer.triton_bench import row_tiling
-
-    def chain_fn(dec, impl, configs=None):
-        mats = [(n, getattr(layer, n)) for layer in dec.layers
-                for n in ("qkv", "o", "gate_up", "down")] + [("lm_head", dec.lm_head)]
-        dev, dt = dec.device, dec.dtype
-        xs = {w.shape[1]: torch.randn(w.shape[1], device=dev, dtype=dt) for _, w in mats}
-        outs = {w.shape[0]: torch.empty(w.shape[0], device=dev, dtype=dt) for _, w in mats}
-        if impl == "ours":
-            d = derive(dec, configs)
-            KEEP.append(d)
-            tiles = {n: row_tiling(d, n) for n in d.configs}
-            ws = Workspace(dev, 1 << 22, 1 << 16)
-
-            def chain():
-                for n, w in mats:
-                    gemv(w, xs[w.shape[1]], outs[w.shape[0]], config=tiles[n],
-                         pdl=dec.pdl, workspace=ws)
-        elif impl == "cuBLAS":
-            def chain():
-                for _, w in mats:
-                    F.linear(xs[w.shape[1]][None], w)
-        else:
-            opts = {"coordinate_descent_tuning": True}
-            if dec.quantized:
-                fn = torch.compile(lambda x, q, s: F.linear(x, q.to(x.dtype)) * s,
-                                   dynamic=False, options=opts)
-            else:
-                fn = torch.compile(lambda x, w: F.linear(x, w), dynamic=False,
-                                   options=opts)
-            torch._dynamo.config.recompile_limit = 64
-
-            def chain():
-                for _, w in mats:
-                    x = xs[w.shape[1]][None]
-                    if dec.quantized:
-                        fn(x, w.q, w.scale)
-                    else:
-                        fn(x, w)
-        graph, _ = capture_graph(chain, warmup=2)
-        KEEP.append((chain, xs, outs))
-        return graph.replay
-
-    t = time.time()
-    fns = {"ours PDL default": chain_fn(base, "ours"),
-           "ours PDL tuned": chain_fn(base, "ours", best_bf16),
-           "cuBLAS": chain_fn(base, "cuBLAS"),
-           "Inductor": chain_fn(base, "Inductor")}
-    log(f"bf16 chains built in {time.time() - t:.1f}s")
-    res = rounds(fns, reps=4, n_rounds=9)
-    for n, (med, lo, hi) in res.items():
-        log(f"CHAIN bf16 {n:22s} {med:.4f} ms [{lo:.4f}, {hi:.4f}]")
-    RESULTS["chain bf16"] = res
-    save()
-    t = time.time()
-    fns = {"ours PDL default": chain_fn(quant, "ours"),
-           "ours PDL tuned": chain_fn(quant, "ours", best_int8),
-           "Inductor": chain_fn(quant, "Inductor")}
-    log(f"int8 chains built in {time.time() - t:.1f}s")
-    res = rounds(fns, reps=4, n_rounds=9)
-    for n, (med, lo, hi) in res.items():
-        log(f"CHAIN int8 {n:22s} {med:.4f} ms [{lo:.4f}, {hi:.4f}]")
-    RESULTS["chain int8"] = res
-    save()
+    """The 65 products chained in one graph (`triton_bench.gemv_chain`), ours with the
+    default and the tuned tiling, cuBLAS (BF16 only) and Inductor, in rounds."""
+    for tag, dec, best in (("bf16", base, best_bf16), ("int8", quant, best_int8)):
+        t = time.time()
+        fns = {"ours PDL default": tb.gemv_chain(dec, "ours", pdl=True),
+               "ours PDL tuned": tb.gemv_chain(derive(dec, best), "ours", pdl=True)}
+        if not dec.quantized:
+            fns["cuBLAS"] = tb.gemv_chain(dec, "cuBLAS")
+        fns["Inductor"] = tb.gemv_chain(dec, "Inductor")
+        log(f"{tag} chains built in {time.time() - t:.1f}s")
+        res = rounds(fns, reps=4, n_rounds=9)
+        for n, (med, lo, hi) in res.items():
+            log(f"CHAIN {tag} {n:22s} {med:.4f} ms [{lo:.4f}, {hi:.4f}]")
+        RESULTS[f"chain {tag}"] = res
+        save()
 
 
 def long_contexts(base, best_cfg, tag):
@@ -270,13 +223,17 @@ def long_contexts(base, best_cfg, tag):
         step_sweep(tag, base, variants, ctx=ctx)
 
 
+def build(capacity: int) -> tuple[TritonDecoder, TritonDecoder]:
+    """The 1B model's BF16 and int8 decoders, for a cache of `capacity` slots."""
+    model = build_model(model_config("1b"), seed=0, device="cuda", dtype=torch.bfloat16)
+    log("model built", torch.cuda.get_device_name())
+    return (TritonDecoder(model, capacity=capacity),
+            TritonDecoder(model, capacity=capacity, quantize=quantize_int8))
+
+
 def main():
     torch.manual_seed(0)
-    config = model_config("1b")
-    model = build_model(config, seed=0, device="cuda", dtype=torch.bfloat16)
-    log("model built", torch.cuda.get_device_name())
-    base = TritonDecoder(model, capacity=32768 + 128)
-    quant = TritonDecoder(model, capacity=32768 + 128, quantize=quantize_int8)
+    base, quant = build(32768 + 128)
     log("decoders built; defaults", {n: label(c) for n, c in base.configs.items()},
         base.attention)
     best_bf16, att_bf16 = tune("bf16", base, int8=False)
@@ -320,15 +277,14 @@ ATT_R2 = [dict(n_split=n, block_s=b, num_warps=w)
                           (64, 128, 2), (8, 64, 2), (32, 32, 2), (128, 64, 2))]
 
 
-def round2(tag, base, r1, sweeps, att_r1=None, att_sweep=None):
-    global ATT_R1, ATT_R2
-    if att_r1:
-        ATT_R1, ATT_R2 = att_r1, att_sweep
-    variants = {"r1": (r1, ATT_R1)}
+def round2(tag, base, r1, sweeps, att_r1=ATT_R1, att_sweep=ATT_R2):
+    """One matrix (or attention) at a time around the tiling r1 / att_r1; then r1
+    against the winners combined."""
+    variants = {"r1": (r1, att_r1)}
     for name, options in sweeps.items():
         for c in options:
-            variants[f"{name} {label(c)}"] = ({**r1, name: c}, ATT_R1)
-    for a in ATT_R2:
+            variants[f"{name} {label(c)}"] = ({**r1, name: c}, att_r1)
+    for a in att_sweep:
         variants[f"attn {a['n_split']}x{a['block_s']}/w{a['num_warps']}"] = (r1, a)
     res = step_sweep(tag, base, variants)
     best = dict(r1)
@@ -340,12 +296,12 @@ def round2(tag, base, r1, sweeps, att_r1=None, att_sweep=None):
         if t < ref * 0.998:
             best[name] = c
     acands = [(res[f"attn {a['n_split']}x{a['block_s']}/w{a['num_warps']}"][0], a)
-              for a in ATT_R2]
+              for a in att_sweep]
     t, a = min(acands, key=lambda ta: ta[0])
-    best_att = a if t < ref * 0.998 else ATT_R1
+    best_att = a if t < ref * 0.998 else att_r1
     log(f"{tag} r2 winners: {({n: label(c) for n, c in best.items()})} attn {best_att}")
     graphs = {}
-    for name, (cf, at) in {"r1": (r1, ATT_R1), "r2": (best, best_att)}.items():
+    for name, (cf, at) in {"r1": (r1, att_r1), "r2": (best, best_att)}.items():
         d = derive(base, cf, at)
         KEEP.append(d)
         graphs[name] = d.capture().replay
@@ -361,16 +317,15 @@ def round2(tag, base, r1, sweeps, att_r1=None, att_sweep=None):
 
 
 def chain_sweep(base, quant, best, best8):
-    from gpuinfer.triton_bench import gemv_chain
-    old = {n: c for n, c in base.configs.items()}
+    old = alone_configs(True)  # round 1's starting point: 8 warps
     fns = {}
     for name, cf in {"step tiling": best, "w8 tiling": old}.items():
-        fns[name] = gemv_chain(derive(base, cf), "ours", pdl=True)
+        fns[name] = tb.gemv_chain(derive(base, cf), "ours", pdl=True)
     for m in GEMVS:
-        fns[f"step tiling, {m} w8"] = gemv_chain(derive(base, {**best, m: old[m]}),
-                                                 "ours", pdl=True)
-    fns["int8 step tiling"] = gemv_chain(derive(quant, best8), "ours", pdl=True)
-    fns["int8 default"] = gemv_chain(derive(quant, None), "ours", pdl=True)
+        fns[f"step tiling, {m} w8"] = tb.gemv_chain(derive(base, {**best, m: old[m]}),
+                                                    "ours", pdl=True)
+    fns["int8 step tiling"] = tb.gemv_chain(derive(quant, best8), "ours", pdl=True)
+    fns["int8 default"] = tb.gemv_chain(derive(quant, old), "ours", pdl=True)
     res = rounds(fns, reps=4, n_rounds=9)
     for n, (med, lo, hi) in res.items():
         log(f"CHAIN {n:28s} {med:.4f} ms [{lo:.4f}, {hi:.4f}]")
@@ -379,11 +334,8 @@ def chain_sweep(base, quant, best, best8):
 
 
 def main2():
-    config = model_config("1b")
-    model = build_model(config, seed=0, device="cuda", dtype=torch.bfloat16)
-    base = TritonDecoder(model, capacity=32768 + 128)
-    quant = TritonDecoder(model, capacity=32768 + 128, quantize=quantize_int8)
-    int8_r1 = {**quant.configs, **INT8_R1}
+    base, quant = build(32768 + 128)
+    int8_r1 = alone_configs(True) | INT8_R1  # round 1's base: the old defaults
     best, best_att = round2("bf16", base, BF16_R1, BF16_R2)
     best8, att8 = round2("int8", quant, int8_r1, INT8_R2)
     chain_sweep(base, quant, best, best8)
@@ -428,38 +380,31 @@ INT8_R4 = {
 }
 
 
-def main4():
-    from gpuinfer.kernels.tiling import default_attention, default_configs
-    config = model_config("1b")
-    model = build_model(config, seed=0, device="cuda", dtype=torch.bfloat16)
-    base = TritonDecoder(model, capacity=320)
-    quant = TritonDecoder(model, capacity=320, quantize=quantize_int8)
-    att = default_attention(True, 320)
-    bf16 = default_configs(True, "bf16") | {"gate_up": G(4, 512, 1, 4)}
-    int8 = default_configs(True, "int8") | {"gate_up": G(8, 512, 1, 4),
-                                            "lm_head": G(8, 1024, 1, 4)}
-    round2("bf16", base, bf16, BF16_R4, att, [dict(n_split=16, block_s=32, num_warps=1)])
-    round2("int8", quant, int8, INT8_R4, att, [dict(n_split=16, block_s=32, num_warps=1)])
-    log("done")
+# Where rounds 3 and 4 started: the winners of the round before (round 3's were the
+# package defaults at the time)
+BF16_R2_BEST = {"qkv": G(4, 1024, 1, 4), "o": G(8, 2048, 1, 4), "gate_up": G(4, 1024, 1, 4),
+                "down": G(8, 2048, 1, 4), "lm_head": G(8, 2048, 1, 4)}
+INT8_R2_BEST = BF16_R2_BEST | {"o": G(8, 2048, 1, 8), "down": G(8, 2048, 1, 8)}
+ROUND_3 = (BF16_R2_BEST, INT8_R2_BEST, BF16_R3, INT8_R3, ATT_R3)
+ROUND_4 = (BF16_R2_BEST | {"gate_up": G(4, 512, 1, 4)},
+           INT8_R2_BEST | {"gate_up": G(8, 512, 1, 4), "lm_head": G(8, 1024, 1, 4)},
+           BF16_R4, INT8_R4, [dict(n_split=16, block_s=32, num_warps=1)])
 
 
-def main3():
-    from gpuinfer.kernels.tiling import default_attention, default_configs
-    config = model_config("1b")
-    model = build_model(config, seed=0, device="cuda", dtype=torch.bfloat16)
-    base = TritonDecoder(model, capacity=320)
-    quant = TritonDecoder(model, capacity=320, quantize=quantize_int8)
-    att = default_attention(True, 320)
-    round2("bf16", base, default_configs(True, "bf16"), BF16_R3, att, ATT_R3)
-    round2("int8", quant, default_configs(True, "int8"), INT8_R3, att, ATT_R3)
+def recentre(bf16, int8, bf16_sweeps, int8_sweeps, att_sweep):
+    """A round around the given tilings, at this chapter's cache of 320 slots."""
+    base, quant = build(320)
+    att = dict(n_split=16, block_s=64, num_warps=2)  # default_attention for 320 slots
+    round2("bf16", base, bf16, bf16_sweeps, att, att_sweep)
+    round2("int8", quant, int8, int8_sweeps, att, att_sweep)
     log("done")
 
 
 if __name__ == "__main__":
     if "--round4" in sys.argv:
-        main4()
+        recentre(*ROUND_4)
     elif "--round3" in sys.argv:
-        main3()
+        recentre(*ROUND_3)
     elif "--round2" in sys.argv:
         main2()
     else:

@@ -13,7 +13,8 @@ reference that computes the same thing with FP32 accumulation.
 - tiling: each kernel's tiling on a GPU and under the interpreter (the probe's best)
 - interpret: `use_interpreter()`, to run the kernels on a CPU under Triton's interpreter
   (call it before importing the others)
-- aot: compile the kernels for sm_90 without a GPU, to read their registers and spills
+- aot: compile the kernels for sm_80, sm_89 and sm_90 without a GPU, to read their
+  registers and spills
 
 `gpuinfer.triton_decode.TritonDecoder` launches them as a whole decode step.
 """

@@ -119,13 +119,14 @@ def cubin_capability(kernel) -> int:
 
 
 def compile_step(configs: dict, *, pdl: bool | None = None, inline: bool = True,
-                 inline_argmax: bool = False, attn: dict | None = None, int8=False,
+                 inline_argmax: bool = False, attns: tuple[dict, ...] = ({},),
+                 int8=False,
                  dtype=torch.bfloat16, hidden=2048, inter=8192, heads=32, kv_heads=8,
                  head_dim=64, vocab=128256, capacity=4096, capability=90) -> list:
     """Compile every kernel of one step of a Llama of these shapes (Llama-3.2-1B by
     default) for sm_<capability> with the GEMV `configs` ({name: GemvConfig}), its
-    matrices int8 if `int8`, PDL as the book sets it there unless `pdl` says; one row
-    (name, resource_usage) per kernel."""
+    matrices int8 if `int8`, attention once for each tiling in `attns`, PDL as the book
+    sets it there unless `pdl` says; one row (name, resource_usage) per kernel."""
     from gpuinfer.kernels.argmax import embed, lm_head_argmax
     from gpuinfer.kernels.attention import decode_attention
     from gpuinfer.kernels.gemv import gemv, gemv_silu
@@ -148,8 +149,9 @@ def compile_step(configs: dict, *, pdl: bool | None = None, inline: bool = True,
         qkv_rope(m((heads + 2 * kv_heads) * head_dim, hidden), x, q, cache, cache,
                  table, table, pos, n_heads=heads, norm=x, config=configs["qkv"],
                  pdl=pdl)
-        decode_attention(q, cache, cache, pos, q, inline_combine=inline, pdl=pdl,
-                         **(attn or {}))
+        for attn in attns:
+            decode_attention(q, cache, cache, pos, q, inline_combine=inline, pdl=pdl,
+                             **attn)
         gemv(m(hidden, heads * head_dim), q, x, residual=x, config=configs["o"],
              pdl=pdl)
         gemv_silu(m(2 * inter, hidden), x, t(inter), norm=x, config=configs["gate_up"],
@@ -178,9 +180,8 @@ def main() -> int:
             pdl = pdl_for(capability)
             print(f"sm_{capability}, {weights} weights, PDL {'on' if pdl else 'off'}:")
             configs = default_configs(gpu=True, weights=weights)
-            step = [row for attn in attns for row in compile_step(
-                configs, attn=attn, int8=weights == "int8", capability=capability,
-                pdl=pdl) if attn is attns[0] or row[0].startswith("attention")]
+            step = compile_step(configs, attns=attns, int8=weights == "int8",
+                                capability=capability, pdl=pdl)
             for name, usage in step:
                 print(f"  {name:28s} {usage}")
                 spilled += usage["stack"] > 0
