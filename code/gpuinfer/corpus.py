@@ -1,0 +1,206 @@
+"""A training corpus built on the machine itself: the Python sources already installed.
+
+Chapter 6 trains a small target and a smaller draft model, and a draft only helps if
+both have learned the same text. The book downloads nothing, so the text is what every
+machine that runs it already holds: the standard library and the installed packages
+torch, transformers, matplotlib and numpy, thousands of files and over 100 MB. Code is a
+good corpus for speculative decoding: much of it is predictable (indentation, closing
+brackets, `self.`), so a small draft guesses many tokens right.
+
+`build` holds every 20th file out, trains a byte-level BPE tokenizer on (a quarter of)
+the rest and encodes both into one stream of token ids each, files separated by `EOT`.
+Byte-level BPE reads any text: decoding the ids gives back the exact source.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sysconfig
+import time
+from importlib import metadata
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+PACKAGES = ("torch", "transformers", "matplotlib", "numpy")
+EOT = "<|endoftext|>"  # the special token put between files
+
+# Folders that hold no source of their own: the packages installed under the standard
+# library's folder are read as packages (or not at all), bytecode caches are not text.
+_SKIPPED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
+_ENCODE_CHUNK = 256  # files per encode_batch call: enough to keep every core busy
+
+
+def _py_files_under(root: Path) -> list[Path]:
+    """Every .py file below `root`, not descending into `_SKIPPED_DIRS`."""
+    found = []
+    for folder, dirnames, filenames in os.walk(root):
+        # Pruning in place stops os.walk from entering site-packages (tens of thousands
+        # of files) at all, rather than walking it and filtering afterwards.
+        dirnames[:] = [d for d in dirnames if d not in _SKIPPED_DIRS]
+        found += [Path(folder, f) for f in filenames if f.endswith(".py")]
+    return found
+
+
+def package_dir(name: str) -> Path:
+    """The folder of the installed package `name`; ValueError if it is not installed."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # e.g. the parent of "a.b" is not installed
+        spec = None
+    if spec is None or spec.origin is None:
+        raise ValueError(f"package {name!r} is not installed: pip install {name}, "
+                         "or leave it out of the packages")
+    return Path(spec.origin).parent
+
+
+def python_files(packages: Sequence[str] = PACKAGES, *,
+                 stdlib: bool = True) -> list[Path]:
+    """Every .py file of the standard library (without its site-packages) and of each
+    installed package in `packages`, resolved, deduplicated and sorted by path: the same
+    list, in the same order, on every run of the same installation."""
+    roots = [Path(sysconfig.get_paths()["stdlib"])] if stdlib else []
+    roots += [package_dir(name) for name in packages]
+    return sorted({path.resolve() for root in roots for path in _py_files_under(root)})
+
+
+def version(name: str) -> str:
+    """The installed version of the package `name` (e.g. "2.1.3" for numpy)."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        raise ValueError(f"package {name!r} is not installed: "
+                         f"pip install {name}") from None
+
+
+def held_out(files: list[Path], every: int = 20) -> tuple[list[Path], list[Path]]:
+    """(train, heldout): every `every`-th file (index % every == every - 1) is held
+    out. Whole files, not a slice of the stream: a held-out file is text the model never
+    saw."""
+    if every < 1:
+        raise ValueError(f"every={every}: hold out every n-th file with n >= 1")
+    train = [f for i, f in enumerate(files) if i % every != every - 1]
+    heldout = [f for i, f in enumerate(files) if i % every == every - 1]
+    return train, heldout
+
+
+def _read(path: Path) -> tuple[str, int] | None:
+    """(text, bytes read), or None for a file that cannot be read or is not UTF-8."""
+    try:
+        data = Path(path).read_bytes()
+        return data.decode("utf-8"), len(data)
+    except (OSError, UnicodeDecodeError):
+        return None  # a few test files are Latin-1 on purpose; they are skipped
+
+
+def read_text(path: Path | str) -> str | None:
+    """The file's text (UTF-8), or None if it cannot be read or is not UTF-8."""
+    read = _read(Path(path))
+    return None if read is None else read[0]
+
+
+def _texts(files: Sequence[Path]) -> Iterator[str]:
+    for path in files:
+        text = read_text(path)
+        if text is not None:
+            yield text
+
+
+def train_tokenizer(files: list[Path], vocab_size: int = 8192, *,
+                    every: int = 4) -> Tokenizer:
+    """A byte-level BPE tokenizer with `vocab_size` tokens (EOT included), trained on
+    every `every`-th of `files`: a quarter of the corpus finds the same frequent merges
+    as all of it, in seconds rather than a minute."""
+    if vocab_size <= 257:
+        raise ValueError(f"vocab_size={vocab_size}: needs more than 257 (256 bytes and "
+                         "EOT) to learn any merge")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(_texts(files[::every]), trainer=trainer)
+    # The literal text "<|endoftext|>" occurs in some sources (transformers' GPT-2
+    # code). Encoded as text, it cannot be mistaken for a file boundary: the EOT ids in
+    # a stream are exactly the ones `encode` puts between files.
+    tokenizer.encode_special_tokens = True
+    return tokenizer
+
+
+def _encode_counted(tokenizer: Tokenizer,
+                    files: Sequence[Path]) -> tuple[torch.Tensor, int, int]:
+    """(ids, files read, bytes read): each readable file's ids followed by EOT's id."""
+    eot = tokenizer.token_to_id(EOT)
+    pieces, n_files, n_bytes = [], 0, 0
+    for start in range(0, len(files), _ENCODE_CHUNK):
+        chunk = files[start: start + _ENCODE_CHUNK]
+        reads = [read for read in map(_read, chunk) if read is not None]
+        n_files += len(reads)
+        n_bytes += sum(size for _, size in reads)
+        # encode_batch_fast runs the chunk in parallel in Rust and skips the character
+        # offsets, which a training stream does not need.
+        encodings = tokenizer.encode_batch_fast([text for text, _ in reads],
+                                                add_special_tokens=False)
+        for encoding in encodings:
+            pieces += [np.asarray(encoding.ids, np.int64), np.array([eot], np.int64)]
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    return torch.from_numpy(ids), n_files, n_bytes
+
+
+def encode(tokenizer: Tokenizer, files: Sequence[Path]) -> torch.Tensor:
+    """The files' token ids as one 1-D int64 CPU tensor: each file's ids, then EOT's id.
+    Files that cannot be read as UTF-8 are skipped."""
+    return _encode_counted(tokenizer, files)[0]
+
+
+def decode(tokenizer: Tokenizer, ids) -> str:
+    """The text of token ids (a tensor or a sequence of ints), EOT shown as
+    "<|endoftext|>" so that file boundaries stay visible."""
+    ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A tokenizer and the token streams it made: training files and held-out files."""
+
+    tokenizer: Tokenizer
+    train: torch.Tensor  # 1-D int64 token ids of the training files, EOT after each
+    heldout: torch.Tensor  # the same for the held-out files
+    train_files: int  # files read into `train` (unreadable ones are skipped)
+    heldout_files: int
+    megabytes: float  # of source text read, train and held out (1e6 bytes)
+    seconds: float  # to train the tokenizer and encode everything
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def __str__(self) -> str:
+        files = self.train_files + self.heldout_files
+        return (f"{files:,} files ({self.megabytes:.0f} MB): {len(self.train):,} "
+                f"training and {len(self.heldout):,} held-out tokens, vocabulary "
+                f"{self.vocab_size:,}, built in {self.seconds:.1f} s")
+
+
+def build(files: list[Path], *, vocab_size: int = 8192, every: int = 20) -> Corpus:
+    """Hold out every `every`-th file, train a tokenizer on the training files, encode
+    both sets; timed from the tokenizer's training to the last encoded file."""
+    if len(files) < every:
+        raise ValueError(f"{len(files)} files given: at least every={every} are "
+                         "needed so that one is held out; give more files or a "
+                         "smaller `every`")
+    train_files, heldout_files = held_out(files, every)
+    start = time.perf_counter()
+    tokenizer = train_tokenizer(train_files, vocab_size)
+    train, n_train, bytes_train = _encode_counted(tokenizer, train_files)
+    heldout, n_heldout, bytes_heldout = _encode_counted(tokenizer, heldout_files)
+    seconds = time.perf_counter() - start
+    return Corpus(tokenizer, train, heldout, n_train, n_heldout,
+                  (bytes_train + bytes_heldout) / 1e6, seconds)

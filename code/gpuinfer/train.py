@@ -1,0 +1,193 @@
+"""Training a small Llama on a stream of token ids: next-token prediction, nothing more.
+
+Chapter 6 needs a target and a draft model that agree often enough for speculative
+decoding to pay, and random weights agree on nothing. So it trains both, minutes on one
+GPU, on the corpus of `gpuinfer.corpus`. The recipe is the usual one for small language
+models: random windows of the stream, AdamW, a linear warmup then a cosine decay of the
+learning rate, gradients clipped, BF16 autocast on the GPU.
+
+The loop syncs with the host only where it prints: reading a loss with `.item()` waits
+for the GPU to finish, and doing it every step would leave the GPU idle while Python
+queues the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from gpuinfer.corpus import decode
+from gpuinfer.env import sync
+
+
+@dataclass(frozen=True)
+class TrainLog:
+    """What a training run did: its losses, its time and how much text it saw."""
+
+    losses: tuple[float, ...]  # training loss of every step
+    seconds: float  # wall time of the training, GPU work included
+    steps: int
+    tokens: int  # tokens seen: steps * batch * seq_len
+
+    @property
+    def final_loss(self) -> float:
+        """The mean of the last 5 % of the losses: one step's loss is noisy."""
+        last = self.losses[-max(1, self.steps // 20):]
+        return sum(last) / len(last)
+
+
+def batches(tokens: torch.Tensor, *, batch: int, seq_len: int,
+            generator: torch.Generator) -> torch.Tensor:
+    """`batch` random windows of the 1-D stream, (batch, seq_len + 1): the first seq_len
+    tokens are the input, the last seq_len the targets. Start offsets are drawn with
+    `generator` (a CPU generator), so a seed gives the same windows on any device."""
+    if len(tokens) < seq_len + 1:
+        raise ValueError(f"a stream of {len(tokens)} tokens is shorter than one window "
+                         f"of seq_len + 1 = {seq_len + 1}; use a shorter seq_len or "
+                         "more text")
+    starts = torch.randint(0, len(tokens) - seq_len, (batch, 1), generator=generator)
+    return tokens[starts + torch.arange(seq_len + 1)]
+
+
+def learning_rate(step: float, *, steps: int, lr: float, warmup: int) -> float:
+    """The learning rate of `step` (0-based): a linear rise to `lr` over `warmup` steps,
+    then a cosine decay to lr / 10 at the last step, and lr / 10 after it."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, steps - 1 - warmup))
+    floor = lr / 10
+    return floor + (lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _autocast(device: torch.device):
+    """BF16 autocast on a GPU (matrix products in BF16, the weights stay FP32); on the
+    CPU, plain FP32."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _next_token_loss(model, window: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of predicting window[:, 1:] from window[:, :-1], in FP32."""
+    logits = model(input_ids=window[:, :-1]).logits
+    targets = window[:, 1:]
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def _optimizer(model, *, lr: float, weight_decay: float,
+               device: torch.device) -> torch.optim.AdamW:
+    """AdamW that decays the matrices (and embeddings) only: decaying a norm's gains
+    pulls them towards zero, which no regularisation needs."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    matrices = [p for p in params if p.dim() >= 2]
+    vectors = [p for p in params if p.dim() < 2]
+    groups = [{"params": matrices, "weight_decay": weight_decay},
+              {"params": vectors, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95),
+                             fused=device.type == "cuda")
+
+
+def train(model, tokens: torch.Tensor, *, steps: int, batch: int, seq_len: int,
+          lr: float = 1e-3, warmup: int | None = None, weight_decay: float = 0.1,
+          seed: int = 0, seconds: float | None = None, log_every: int | None = None,
+          name: str = "model") -> TrainLog:
+    """Train a `transformers` causal LM (e.g. LlamaForCausalLM) to predict the next
+    token, `steps` steps of `batch` random windows of `seq_len` tokens from `tokens`.
+    With `seconds`, stop once that much time has passed, and let the learning rate
+    follow whichever of steps and time runs out first: a budget that bounds a run on
+    any GPU. Prints the loss every `log_every` steps (default: ten lines) and at the
+    end. The model is left in eval mode."""
+    if steps < 1:
+        raise ValueError(f"steps={steps}: train for at least one step")
+    warmup = max(1, steps // 20) if warmup is None else max(1, warmup)
+    log_every = max(1, steps // 10) if log_every is None else max(1, log_every)
+    device = next(model.parameters()).device
+    optimizer = _optimizer(model, lr=lr, weight_decay=weight_decay, device=device)
+    generator = torch.Generator().manual_seed(seed)
+    # Losses stay on the device until the end: storing one is a copy queued on the GPU,
+    # not a wait for it.
+    losses = torch.zeros(steps, device=device)
+    model.train()
+    sync()
+    start = time.perf_counter()
+    done = 0
+    for step in range(steps):
+        elapsed = time.perf_counter() - start  # the host runs a step or two ahead
+        if seconds is not None and step and elapsed >= seconds:
+            break  # (after one step at least)
+        # How far along the schedule: by steps, or by time if that runs out first.
+        along = step if seconds is None else max(step, steps * elapsed / seconds)
+        window = batches(tokens, batch=batch, seq_len=seq_len, generator=generator)
+        if device.type == "cuda":
+            window = window.pin_memory()  # lets the copy below overlap the GPU's work
+        window = window.to(device, non_blocking=True)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(along, steps=steps, lr=lr, warmup=warmup)
+        with _autocast(device):
+            loss = _next_token_loss(model, window)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses[step] = loss.detach()
+        done = step + 1
+        if done % log_every == 0:
+            _progress(name, done, steps, loss, start)
+    if done % log_every:
+        _progress(name, done, steps, loss, start)  # the last step
+    sync()
+    took = time.perf_counter() - start
+    model.eval()
+    return TrainLog(tuple(losses[:done].tolist()), took, done, done * batch * seq_len)
+
+
+def _progress(name: str, step: int, steps: int, loss: torch.Tensor, start: float) -> None:
+    value = loss.item()  # the one place the loop waits for the GPU
+    print(f"{name}: step {step:>5}/{steps}  loss {value:.3f}  "
+          f"{time.perf_counter() - start:5.1f} s", flush=True)
+
+
+@torch.no_grad()
+def heldout_loss(model, tokens: torch.Tensor, *, seq_len: int, batch: int = 16,
+                 max_windows: int = 256) -> float:
+    """Mean next-token cross-entropy (nats per token) over `max_windows` non-overlapping
+    windows spread evenly over the held-out stream (all of them if it has fewer): every
+    token of a window is predicted once, from up to seq_len tokens before it."""
+    full = (len(tokens) - 1) // seq_len
+    if full < 1:
+        raise ValueError(f"a stream of {len(tokens)} tokens has no full window of "
+                         f"seq_len + 1 = {seq_len + 1} tokens; use a shorter seq_len")
+    windows = min(full, max_windows)
+    starts = torch.linspace(0, full - 1, windows).long()[:, None] * seq_len
+    inputs = tokens[starts + torch.arange(seq_len)]
+    targets = tokens[starts + torch.arange(1, seq_len + 1)]
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), device=device)
+    for first in range(0, windows, batch):
+        x = inputs[first: first + batch].to(device, non_blocking=True)
+        y = targets[first: first + batch].to(device, non_blocking=True)
+        with _autocast(device):
+            logits = model(input_ids=x).logits
+        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(),
+                                 reduction="sum")
+    model.train(was_training)
+    return total.item() / (windows * seq_len)
+
+
+@torch.no_grad()
+def greedy_text(model, tokenizer, prompt_ids: torch.Tensor, new_tokens: int) -> str:
+    """The text of `new_tokens` greedily chosen tokens after the prompt (1, n), the
+    prompt itself left out. End-of-text does not stop it: always `new_tokens` tokens."""
+    device = next(model.parameters()).device
+    prompt = prompt_ids.reshape(1, -1).to(device)
+    out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
+                         max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                         do_sample=False, eos_token_id=None, pad_token_id=0)
+    return decode(tokenizer, out[0, prompt.shape[1]:])

@@ -1,0 +1,121 @@
+"""The corpus of installed Python sources (gpuinfer.corpus): finding the files, holding some
+out, a byte-level tokenizer that gives back the exact text, EOT between files."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpuinfer.corpus import (EOT, build, decode, encode, held_out, python_files, read_text,
+                             train_tokenizer, version)
+
+
+@pytest.fixture(scope="module")
+def stdlib_files() -> list[Path]:
+    return python_files((), stdlib=True)
+
+
+@pytest.fixture(scope="module")
+def small_files(stdlib_files) -> list[Path]:
+    """The 40 smallest non-empty, readable stdlib files (ties broken by path): a corpus
+    that builds in well under a second, the same one on every run."""
+    readable = [f for f in stdlib_files if f.stat().st_size > 200 and read_text(f)]
+    return sorted(readable, key=lambda f: (f.stat().st_size, str(f)))[:40]
+
+
+@pytest.fixture(scope="module")
+def corpus(small_files):
+    return build(small_files, vocab_size=300)
+
+
+def test_python_files_finds_the_stdlib_and_packages(stdlib_files):
+    assert any(str(f).endswith("json/__init__.py") for f in stdlib_files)
+    assert not any("site-packages" in f.parts or "dist-packages" in f.parts
+                   for f in stdlib_files)
+    assert stdlib_files == sorted(set(stdlib_files))  # sorted, no duplicates
+    assert all(f.suffix == ".py" and f.is_absolute() for f in stdlib_files)
+    numpy_files = python_files(("numpy",), stdlib=False)
+    assert any(str(f).endswith("numpy/__init__.py") for f in numpy_files)
+    assert not set(numpy_files) & set(stdlib_files)
+    both = python_files(("numpy",), stdlib=True)
+    assert both == sorted(set(numpy_files) | set(stdlib_files))
+
+
+def test_a_package_that_is_not_installed_is_named():
+    with pytest.raises(ValueError, match="'no_such_package_xyz'.*pip install"):
+        python_files(("no_such_package_xyz",))
+
+
+def test_version_names_the_installed_release():
+    import numpy
+
+    assert version("numpy") == numpy.__version__
+    with pytest.raises(ValueError, match="'no_such_package_xyz'.*pip install"):
+        version("no_such_package_xyz")
+
+
+def test_held_out_sets_every_20th_file_aside_and_loses_none():
+    files = [Path(f"f{i:03d}.py") for i in range(105)]
+    train, heldout = held_out(files)
+    assert heldout == [files[i] for i in (19, 39, 59, 79, 99)]
+    assert len(train) == 100 and sorted(train + heldout) == files
+    assert held_out(files, every=1) == ([], files)
+
+
+def test_read_text_skips_files_that_are_not_utf8(tmp_path):
+    (tmp_path / "latin1.py").write_bytes("s = 'café'\n".encode("latin-1"))
+    (tmp_path / "ok.py").write_text("s = 'café'\n", encoding="utf-8")
+    assert read_text(tmp_path / "latin1.py") is None
+    assert read_text(tmp_path / "missing.py") is None
+    assert read_text(tmp_path / "ok.py") == "s = 'café'\n"
+
+
+def test_build_holds_out_files_and_counts_them(corpus, small_files):
+    assert (corpus.train_files, corpus.heldout_files) == (38, 2)
+    assert corpus.vocab_size <= 300
+    size = sum(f.stat().st_size for f in small_files) / 1e6
+    assert corpus.megabytes == pytest.approx(size)
+    assert corpus.train.dtype == corpus.heldout.dtype == torch.int64
+    assert corpus.train.dim() == 1 and corpus.seconds > 0
+    assert "40 files" in str(corpus)
+
+
+def test_eot_separates_the_files(corpus):
+    eot = corpus.tokenizer.token_to_id(EOT)
+    assert int((corpus.train == eot).sum()) == corpus.train_files
+    assert int((corpus.heldout == eot).sum()) == corpus.heldout_files
+    assert corpus.train[-1] == eot and corpus.heldout[-1] == eot
+
+
+def test_the_tokenizer_gives_back_the_exact_text(corpus, small_files):
+    _, heldout = held_out(small_files)
+    text = read_text(heldout[0])  # a file the tokenizer was not trained on
+    ids = corpus.tokenizer.encode(text).ids
+    assert decode(corpus.tokenizer, ids) == text
+    assert len(ids) < len(text.encode())  # the merges compress
+    odd = "naïve\tτ = '→'\r\n    \x00 😀\n"  # any bytes survive, not only ASCII source
+    assert decode(corpus.tokenizer, corpus.tokenizer.encode(odd).ids) == odd
+    # The stream of held-out files decodes to their texts, joined by EOT.
+    assert decode(corpus.tokenizer, corpus.heldout) == "".join(
+        read_text(f) + EOT for f in heldout)
+
+
+def test_eot_written_in_a_source_is_text_not_a_boundary(corpus, tmp_path):
+    source = tmp_path / "gpt2.py"
+    source.write_text(f'eos = "{EOT}"\n', encoding="utf-8")
+    ids = encode(corpus.tokenizer, [source])
+    eot = corpus.tokenizer.token_to_id(EOT)
+    assert int((ids == eot).sum()) == 1 and ids[-1] == eot
+    assert decode(corpus.tokenizer, ids) == f'eos = "{EOT}"\n{EOT}'
+
+
+def test_train_tokenizer_uses_every_nth_file(small_files):
+    tokenizer = train_tokenizer(small_files, vocab_size=280, every=4)
+    assert tokenizer.get_vocab_size() <= 280 and tokenizer.token_to_id(EOT) is not None
+    with pytest.raises(ValueError, match="vocab_size=256"):
+        train_tokenizer(small_files, vocab_size=256)
+
+
+def test_too_few_files_to_hold_one_out(small_files):
+    with pytest.raises(ValueError, match="5 files given: at least every=20"):
+        build(small_files[:5], vocab_size=300)
