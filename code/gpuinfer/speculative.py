@@ -6,7 +6,8 @@ target k + 1 tokens at once (the last committed token and the draft's k proposal
 returns its greedy choice after each of them; reading the weights costs the same for 1 or
 k + 1 tokens. The proposals are accepted up to the first one the target would not have
 chosen, and the target's own choice at that point is committed too, so a pass commits
-between 1 and k + 1 tokens, and the output is exactly the target's greedy output.
+between 1 and k + 1 tokens, and the output is the target's greedy output (exactly, where the
+pass's arithmetic rounds as the one-token step's does: in FP32 it did, see Chapter 6).
 
 Both models are `StaticDecoder`s sharing one token buffer and one position (`share_sequence`).
 A pass runs on the device without a host value:
