@@ -39,7 +39,7 @@ def pair(target_model, draft_model, capacity=64, **kwargs):
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 def test_output_is_the_targets_own_greedy_output(models, prompt, k):
-    target, spec = pair(*models)
+    _, spec = pair(*models)
     reference = runners.generate(StaticDecoder(models[0], 1, 64), prompt, NEW)
     tokens, passes = spec.generate(prompt, NEW, k)
     assert tokens.shape == (1, NEW) and tokens.device.type == "cpu"
@@ -48,7 +48,7 @@ def test_output_is_the_targets_own_greedy_output(models, prompt, k):
 
 
 def test_a_draft_that_always_agrees_commits_k_plus_one_tokens_a_pass(models, prompt):
-    target, spec = pair(models[0], models[0])  # the target as its own draft
+    _, spec = pair(models[0], models[0])  # the target as its own draft
     reference = runners.generate(StaticDecoder(models[0], 1, 64), prompt, NEW)
     for k in (1, 4):
         tokens, passes = spec.generate(prompt, NEW, k)
@@ -101,7 +101,7 @@ def test_repeatable_resets_the_position(models):
 
 
 def test_bad_input_is_refused_with_the_fix(models, prompt):
-    target, spec = pair(*models, capacity=64)
+    _, spec = pair(*models, capacity=64)
     with pytest.raises(ValueError, match="capacity"):
         spec.generate(prompt, 60, 4)
     with pytest.raises(ValueError, match="between 1 and"):
@@ -116,7 +116,7 @@ def test_bad_input_is_refused_with_the_fix(models, prompt):
 
 @pytest.mark.gpu
 def test_compiled_and_graphed_passes_give_the_targets_tokens(models, prompt):
-    target, spec = pair(*models, compile_options=runners.V9.compile_options())
+    _, spec = pair(*models, compile_options=runners.V9.compile_options())
     reference = runners.generate(StaticDecoder(models[0], 1, 64), prompt, NEW)
     for k in (1, 3, 6):
         tokens, _ = spec.generate(prompt, NEW, k)

@@ -1,4 +1,4 @@
-"""Probe (not book code): what an FP32 verify pass's matrix products cost for T = 1 ... 16
+"""Probe (not book code; results in NOTES-speculative.md): what an FP32 verify pass's matrix products cost for T = 1 ... 16
 query tokens, per way of computing them, on Chapter 6's target shapes (hidden 1024, 16
 layers, GQA 16/4, MLP 2816, vocabulary 8192). Sums one layer's products x 16 + lm_head."""
 import sys
@@ -17,7 +17,6 @@ def reduce_mm(x, w):
 torch._dynamo.config.recompile_limit = 1000
 torch._dynamo.config.cache_size_limit = 1000
 compiled = torch.compile(reduce_mm, dynamic=False)
-compiled_cd = None
 variants = {
     "cublas": lambda x, w: torch.nn.functional.linear(x, w),
     "reduce (inductor)": compiled,
