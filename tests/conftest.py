@@ -14,6 +14,19 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def book_chapters(root: Path, with_drafts: bool = False) -> tuple[dict[str, Path], str | None]:
+    """The book's chapters (and drafts), or none and the one-line BookError that says why
+    they cannot be read: a test module lists its cases from this at collection time, and a
+    test fails with the message, instead of the collection stopping on a traceback."""
+    from gpuinfer.publish import recordings
+
+    try:
+        found = recordings.chapters(root)
+        return ({**found, **recordings.drafts(root)} if with_drafts else found), None
+    except recordings.BookError as exc:
+        return {}, str(exc)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -29,14 +29,17 @@ from urllib.parse import unquote, urldefrag, urlsplit
 
 import pytest
 
-from gpuinfer.publish.recordings import toc_files
+from gpuinfer.publish.recordings import BookError, toc_files
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update"]
 SCREENSHOTS = ROOT / "_build" / "screenshots"
-PAGES = toc_files(ROOT)  # docnames, e.g. 'book/01_roofline'
+try:
+    PAGES = toc_files(ROOT)  # docnames, e.g. 'book/01_roofline'
+except BookError:  # test_recordings fails with the reason
+    PAGES = []
 ALLOWED_OFFLINE = ("cdn.jsdelivr.net/npm/mathjax",)  # blocked, and a page may still load it
 MIN_TEXT = 200  # characters of visible text in the article: below that, a page is blank
 

@@ -4,14 +4,20 @@
   about nothing, renders every TOC page with its figures, leaves `git status` unchanged,
   and takes at most BUILD_TARGET_S seconds;
 - the mechanism, on the fixture book recorded with --allow-cpu (accepted there through
-  `gpuinfer_accept_cpu_recordings`): fresh chapters come from the recordings, a stale or a
-  corrupt one is executed on the CPU with a banner and a warning naming the re-record
-  command, and an incremental build picks up a re-recording.
+  `gpuinfer_accept_cpu_recordings`): fresh chapters come from the recordings, a stale, a
+  corrupt or an unfinished one is executed on the CPU with a banner and a warning naming
+  the fix, and an incremental build picks up a re-recording;
+- what a build refuses, with one line: an artifacts folder in the book's chapters (where a
+  preview would overwrite the recorded traces) or a relative one, and a book whose TOC or
+  pages cannot be read.
 """
 
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,3 +168,101 @@ def test_fixture_builds_from_recordings_and_previews_the_rest(tmp_path):
     assert "Traceback" not in log and "binascii" not in log
     assert "CPU preview" in page(html, "book/ch_a") and "CPU preview" not in page(html,
                                                                                    "book/ch_b")
+
+    # 5. an output whose data is a list, not a mapping (valid JSON): a preview, no crash
+    assert record.main(["--root", str(root), "--allow-cpu", "ch_a"]) == 0
+    nb = json.loads(rec.read_text())
+    outputs = [out for c in nb["cells"] for out in c.get("outputs", []) if "data" in out]
+    outputs[0]["data"] = []
+    rec.write_text(json.dumps(nb))
+    log = jupyter_book_build(root).log
+    [warning] = sphinx_warnings(log)
+    assert "is not of type 'object'" in warning and "Traceback" not in log
+    assert "CPU preview" in page(html, "book/ch_a")
+
+    # 6. a code cell edited inside the recording: the build and the tests say the same
+    assert record.main(["--root", str(root), "--allow-cpu", "ch_a"]) == 0
+    rec.write_text(rec.read_text().replace("use_book_style()", "use_book_style()  # edited"))
+    assert recordings.status(root, "ch_a", accept_cpu=True).state == "corrupt"
+    [warning] = sphinx_warnings(jupyter_book_build(root).log)
+    assert "its code cells are not the ones it was recorded with" in warning
+
+    # 7. a write cut short by a kill (the journal is there): a preview naming --recover
+    assert record.main(["--root", str(root), "--allow-cpu", "ch_a"]) == 0
+    (root / "book" / "_recorded" / ".ch_a.commit").write_text("being written")
+    [warning] = sphinx_warnings(jupyter_book_build(root).log)
+    assert "python -m gpuinfer.publish.record --recover" in warning
+    assert record.main(["--root", str(root), "--recover"]) == 0
+
+    # 8. the artifacts folder gone: stale, so the page never lists downloads that vanished
+    shutil.rmtree(root / "book" / "_recorded" / "ch_a")
+    [warning] = sphinx_warnings(jupyter_book_build(root).log)
+    assert "missing: trace.json.gz" in warning
+    assert "trace.json.gz" not in page(html, "book/ch_a")
+
+    # 9. the rows the results page reads, damaged inside a valid recording: a warning there
+    assert record.main(["--root", str(root), "--allow-cpu", "ch_a"]) == 0
+    nb = json.loads(rec.read_text())
+    [glued] = [out for c in nb["cells"] for out in c.get("outputs", [])
+               if out.get("metadata", {}).get("scrapbook", {}).get("name") == "decode_results"]
+    for mime in glued["data"]:
+        glued["data"][mime] = "'[{\"variant\": '"  # a string, not the rows' JSON
+    rec.write_text(json.dumps(nb))
+    [warning] = sphinx_warnings(jupyter_book_build(root).log)
+    assert "its glued decode_results is unreadable" in warning
+    assert "V9 fixture" not in re.sub(r"<[^>]+>", "", page(html, "book/results"))
+
+
+# --- what a build refuses -----------------------------------------------------------------
+
+def failed_build(root: Path, **env) -> str:
+    """`jupyter-book build` expected to fail at its start: the error line it ends with."""
+    proc = subprocess.run([sys.executable, "-c", "from jupyter_book.cli.main import main; "
+                           "main()", "build", str(root)], cwd=root, capture_output=True,
+                          text=True, env={**os.environ, **env})
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    return proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def recorded_fixture(tmp_path_factory) -> Path:
+    root = Path(shutil.copytree(FIXTURE, tmp_path_factory.mktemp("fx") / "book",
+                                ignore=shutil.ignore_patterns("_build", "_recorded")))
+    assert record.main(["--root", str(root), "--allow-cpu"]) == 0
+    return root
+
+
+def recorded_files(root: Path) -> dict[str, bytes]:
+    folder = root / "book" / "_recorded"
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("artifacts", ["{root}/book/_recorded", "{root}/book", "leak"])
+def test_a_build_never_writes_into_the_recordings(recorded_fixture, tmp_path, artifacts):
+    """A stale chapter would run as a preview and write its trace under GPUINFER_ARTIFACTS:
+    into the recordings, or the book, or (relative) each chapter's folder. Refused."""
+    root = Path(shutil.copytree(recorded_fixture, tmp_path / "book"))
+    ch_a = root / "book" / "ch_a.md"
+    ch_a.write_text(ch_a.read_text().replace("use_book_style()", "use_book_style()  # new"))
+    before = recorded_files(root)
+    value = artifacts.format(root=root)
+    line = failed_build(root, GPUINFER_ARTIFACTS=value)
+    assert line.startswith(f"error: GPUINFER_ARTIFACTS={value} ") and "unset it" in line
+    assert recorded_files(root) == before
+    assert not (root / "book" / "leak").exists() and not (root / "book" / "ch_a").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["not-utf8", "front-matter", "outside", "two-named-alike"])
+def test_an_unreadable_book_stops_the_build_with_one_line(case, tmp_path):
+    from test_recordings import UNREADABLE
+
+    damage, said = UNREADABLE[case]
+    root = Path(shutil.copytree(FIXTURE, tmp_path / "book",
+                                ignore=shutil.ignore_patterns("_build", "_recorded")))
+    damage(root)
+    line = failed_build(root)
+    assert line.startswith("error: ") and said in line

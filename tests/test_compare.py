@@ -52,3 +52,13 @@ def test_compare_two_recordings(tmp_path, capsys):
 def test_missing_file_is_a_clear_error(tmp_path, capsys):
     assert compare.main([str(tmp_path / "nope.ipynb"), str(tmp_path / "nope.ipynb")]) == 2
     assert "no such notebook" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"cells": [1]}', "[" * 100_000, "\udcff"])
+def test_a_file_that_is_not_a_notebook_is_one_line(tmp_path, capsys, text):
+    good = notebook(tmp_path / "h200.ipynb", "NVIDIA H200", {"bw_tbs": "4.18"})
+    bad = tmp_path / "bad.ipynb"
+    bad.write_bytes(text.encode("utf8", "surrogateescape"))
+    assert compare.main([str(good), str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {bad} is not a notebook"), err

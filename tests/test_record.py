@@ -97,6 +97,71 @@ def test_an_unwritable_recordings_folder_is_found_before_running(capsys, tmp_pat
     assert "cell 1/" not in captured.out and "Traceback" not in captured.err
 
 
+def one_error_line(err: str) -> str:
+    """The command's whole stderr: exactly one line, `error: ...`, and no traceback."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def test_another_books_chapter_is_not_taken_for_this_ones(capsys, tmp_path):
+    other = copy_book(tmp_path / "elsewhere")
+    before = sorted(p.name for p in (FIXTURE / "book").iterdir())
+    path = str(other / "book" / "ch_b.md")
+    assert record.main(["--root", str(FIXTURE), "--allow-cpu", path]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{path} is not a chapter of the book at {FIXTURE}" in line and "--root" in line
+    assert record.main(["--root", str(FIXTURE), "--allow-cpu", "no/such/ch_b.md"]) == 2
+    assert "no file no/such/ch_b.md" in one_error_line(capsys.readouterr().err)
+    assert sorted(p.name for p in (FIXTURE / "book").iterdir()) == before
+
+
+@pytest.mark.parametrize("case", ["not-utf8", "front-matter", "outside", "two-named-alike",
+                                  "bad-toc"])
+def test_an_unreadable_book_stops_the_command_with_one_line(case, capsys, tmp_path):
+    """Before any kernel starts, and without writing anything, outside the book least."""
+    from test_recordings import UNREADABLE
+
+    damage, said = UNREADABLE[case]
+    root = copy_book(tmp_path / "book")
+    damage(root)
+    assert record.main(["--root", str(root), "--allow-cpu"]) == 2
+    assert said in one_error_line(capsys.readouterr().err)
+    assert not list(tmp_path.rglob("_recorded")), "a recordings folder was made"
+
+
+def test_a_missing_root_folder_is_a_usage_error(capsys, tmp_path):
+    assert record.main(["--root", str(tmp_path / "nope"), "--allow-cpu"]) == 2
+    assert "not a folder" in one_error_line(capsys.readouterr().err)
+
+
+def test_a_linked_recording_is_refused_before_running(capsys, tmp_path):
+    root = copy_book(tmp_path / "book")
+    recorded_dir = root / "book" / "_recorded"
+    recorded_dir.mkdir()
+    (tmp_path / "traces").mkdir()
+    (recorded_dir / "ch_b").symlink_to(tmp_path / "traces")
+    assert record.main(["--root", str(root), "--allow-cpu", "ch_b"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{recorded_dir / 'ch_b'} is a link" in line and "Remove the link" in line
+
+
+def test_a_full_temporary_folder_is_found_before_running(capsys, tmp_path, monkeypatch):
+    root = copy_book(tmp_path / "book")
+    real = shutil.disk_usage
+
+    def usage(path):
+        full = Path(path).resolve() == Path(tempfile.gettempdir()).resolve()
+        return real(path)._replace(free=3 * 2**20) if full else real(path)
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    start = time.perf_counter()
+    assert record.main(["--root", str(root), "--allow-cpu", "ch_b"]) == 2
+    assert time.perf_counter() - start < 5, "the chapter must not have run first"
+    line = one_error_line(capsys.readouterr().err)
+    assert "the temporary folder" in line and "3 MB free" in line and "TMPDIR" in line
+
+
 def test_chapter_names_resolve_by_stem_path_or_prefix():
     chosen = record.select_chapters(FIXTURE, ["book/ch_a.md", "ch_b"])
     assert list(chosen) == ["ch_a", "ch_b"]
@@ -131,23 +196,77 @@ def test_status_of_a_missing_and_a_corrupt_recording(tmp_path):
     assert recordings.status(root, "ch_b").state == "corrupt"
 
 
+def rewrite(path: Path, change) -> None:
+    nb = json.loads(path.read_text())
+    change(nb)
+    path.write_text(json.dumps(nb))
+
+
+def figure(nb: dict) -> tuple[dict, str]:
+    """The recorded figure's output, and where a message says it is ('cell 3, output 1')."""
+    for i, cell in enumerate(nb["cells"], start=1):
+        for j, out in enumerate(cell.get("outputs", []), start=1):
+            if "image/png" in out.get("data", {}):
+                return out, f"cell {i}, output {j}"
+    raise AssertionError("no figure")
+
+
 @pytest.mark.parametrize("damage, reason", [
     (lambda out: out["data"].update({"image/png": "not base64 at all!"}),
-     "cell 1, output 1: its image/png is not base64"),
-    (lambda out: out.pop("data"), "cell 1, output 1: a display_data output without 'data'"),
+     "{where}: its image/png is not base64"),
+    (lambda out: out.pop("data"), "{where}: 'data' is a required property"),
+    (lambda out: out.update(data=[]), "{where}, data: [] is not of type 'object'"),
+    (lambda out: out.update(output_type="picture"), "{where}"),
 ])
-def test_a_recording_damaged_inside_is_corrupt(recorded, tmp_path, damage, reason):
+def test_a_recording_damaged_inside_is_corrupt_not_a_crash(recorded, tmp_path, damage, reason):
+    """Valid JSON, damaged inside: reported with the place, as the build reports it."""
     root = Path(shutil.copytree(recorded, tmp_path / "book"))
-    path = root / "book" / "_recorded" / "ch_a.ipynb"
-    nb = json.loads(path.read_text())
-    figure = next(out for cell in nb["cells"] for out in cell.get("outputs", [])
-                  if "image/png" in out.get("data", {}))
-    nb["cells"] = [{"cell_type": "code", "source": "", "metadata": {}, "outputs": [figure]}] \
-        + nb["cells"]
-    damage(figure)
-    path.write_text(json.dumps(nb))
+    where = []
+    rewrite(root / "book" / "_recorded" / "ch_a.ipynb",
+            lambda nb: (where.append(figure(nb)[1]), damage(figure(nb)[0])))
     st = recordings.status(root, "ch_a", accept_cpu=True)
-    assert st.state == "corrupt" and reason in st.reason
+    assert st.state == "corrupt" and reason.format(where=where[0]) in st.reason, st.reason
+
+
+def test_code_edited_inside_a_recording_makes_it_corrupt(recorded, tmp_path):
+    """The tests and the build agree: a recording's own code cells must be those whose hash
+    it stores."""
+    root = Path(shutil.copytree(recorded, tmp_path / "book"))
+    rewrite(root / "book" / "_recorded" / "ch_a.ipynb", lambda nb: next(
+        c for c in nb["cells"] if c["cell_type"] == "code").update(source="print('edited')"))
+    st = recordings.status(root, "ch_a", accept_cpu=True)
+    assert st.state == "corrupt"
+    assert "its code cells are not the ones it was recorded with" in st.reason
+
+
+def test_a_deeply_nested_recording_is_corrupt(recorded, tmp_path):
+    root = Path(shutil.copytree(recorded, tmp_path / "book"))
+    (root / "book" / "_recorded" / "ch_a.ipynb").write_text("[" * 200_000)
+    st = recordings.status(root, "ch_a", accept_cpu=True)
+    assert st.state == "corrupt" and "nests too deeply" in st.reason
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda art: shutil.rmtree(art), "missing: trace.json.gz"),
+    (lambda art: (art / "trace.json.gz").write_bytes(b"from a CPU build"),
+     "altered: trace.json.gz"),
+    (lambda art: (art / "extra.json.gz").write_bytes(b"left by an older recording"),
+     "not from the recording: extra.json.gz"),
+])
+def test_artifacts_that_are_not_the_recordings_make_it_stale(recorded, tmp_path, change, said):
+    root = Path(shutil.copytree(recorded, tmp_path / "book"))
+    change(root / "book" / "_recorded" / "ch_a")
+    st = recordings.status(root, "ch_a", accept_cpu=True)
+    assert st.state == "stale" and "its artifacts in book/_recorded/ch_a/" in st.reason
+    assert said in st.reason and "python -m gpuinfer.publish.record ch_a" in st.message
+
+
+def test_a_recording_from_before_artifact_hashes_is_not_checked(recorded, tmp_path):
+    root = Path(shutil.copytree(recorded, tmp_path / "book"))
+    rec = root / "book" / "_recorded" / "ch_a.ipynb"
+    rewrite(rec, lambda nb: nb["metadata"]["gpuinfer"].pop("artifacts"))
+    shutil.rmtree(root / "book" / "_recorded" / "ch_a")
+    assert recordings.status(root, "ch_a", accept_cpu=True).fresh
 
 
 # --- which book is recorded ---------------------------------------------------------------
@@ -199,8 +318,9 @@ def test_cpu_recording_is_labelled_smoke_and_rejected(recorded):
     assert st.state == "cpu" and "CPU smoke recording" in st.message
     assert "python -m gpuinfer.publish.record ch_a" in st.message
     assert recordings.status(recorded, "ch_a", accept_cpu=True).fresh
-    # the JSON trace the chapter wrote is kept beside the recording, gzipped
+    # the JSON trace the chapter wrote is kept beside the recording, gzipped, and hashed
     assert (recorded / "book" / "_recorded" / "ch_a" / "trace.json.gz").is_file()
+    assert list(meta["artifacts"]) == ["trace.json.gz"]
     nb = json.loads((recorded / "book" / "_recorded" / "ch_a.ipynb").read_text())
     assert any("image/png" in out.get("data", {}) for c in nb["cells"]
                for out in c.get("outputs", []))
@@ -268,9 +388,13 @@ def test_failing_cell_keeps_the_previous_recording(book, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["interrupt", "kill"])
-def test_interrupt_or_kill_keeps_the_previous_recording(book, tmp_path, sig):
-    rec = book / "book" / "_recorded" / "ch_b.ipynb"
-    before = rec.read_bytes()
+def test_interrupt_or_kill_keeps_the_previous_recording(book, tmp_path, sig, capsys):
+    """...and, while the first runs, a second recorder on the book is refused; a kill
+    leaves no kernel connection file (it holds the kernel's key) outside the run's scratch
+    folder, which the next run removes."""
+    before = recording_files(book)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     path = chapter_file(book, "ch_b")
     pid_file = tmp_path / "kernel.pid"
     path.write_text(path.read_text() + (
@@ -280,13 +404,15 @@ def test_interrupt_or_kill_keeps_the_previous_recording(book, tmp_path, sig):
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuinfer.publish.record", "--root", str(book), "--allow-cpu",
          "ch_b"],
-        env={**os.environ, "KERNEL_PID_FILE": str(pid_file)},
+        env={**os.environ, "KERNEL_PID_FILE": str(pid_file), "TMPDIR": str(tmp)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         while not pid_file.exists() or not pid_file.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
             time.sleep(0.2)
+        assert record.main(["--root", str(book), "--allow-cpu", "ch_a"]) == 2
+        assert "another recorder is writing into" in one_error_line(capsys.readouterr().err)
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -304,8 +430,69 @@ def test_interrupt_or_kill_keeps_the_previous_recording(book, tmp_path, sig):
             assert noise not in out, out
         seconds = float(re.search(r"\| ch_b \| interrupted \| ([\d.]+) \|", out).group(1))
         assert seconds > 0
-    assert rec.read_bytes() == before
+    assert recording_files(book) == before
     assert no_scratch_files(book)
+    outside = [p for p in tmp.rglob("*.json") if not p.relative_to(tmp).parts[0].startswith(
+        "gpuinfer-")]
+    assert not outside, f"left outside the run's scratch folder: {outside}"
+    if sig == signal.SIGKILL:  # the next run removes the killed run's scratch folder
+        assert list(tmp.glob("gpuinfer-*"))
+        subprocess.run([sys.executable, "-m", "gpuinfer.publish.record", "--root", str(book),
+                        "--recover"], env={**os.environ, "TMPDIR": str(tmp)}, check=True,
+                       capture_output=True)
+        from gpuinfer import env
+        assert not [p for p in tmp.glob(f"{env.SCRATCH_PREFIX}*")], list(tmp.iterdir())
+
+
+def recording_files(root: Path) -> dict[str, bytes]:
+    folder = root / "book" / "_recorded"
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_a_fault_between_the_two_renames_keeps_the_previous_pair(book, capsys, monkeypatch):
+    """A full disk at the rename that puts the new artifacts in place, after the old folder
+    went aside: the notebook and its artifacts are the previous run's, byte for byte."""
+    from gpuinfer.publish import store
+
+    before = recording_files(book)
+    assert "ch_a/trace.json.gz" in before
+    calls, real = [], os.replace
+
+    def replace(*args):
+        calls.append(args)
+        if len(calls) == 3:  # the journal, the old folder aside, the new folder in
+            raise OSError(28, "No space left on device", str(args[1]))
+        return real(*args)
+
+    monkeypatch.setattr(store.os, "replace", replace)
+    assert record.main(["--root", str(book), "--allow-cpu", "ch_a"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "No space left on device" in out
+    assert "the previous recording is kept" in out
+    assert recording_files(book) == before
+    assert recordings.status(book, "ch_a", accept_cpu=True).fresh
+
+
+def test_an_unfinished_write_reads_as_such_and_recover_finishes_it(book, capsys):
+    """As a kill after the journal leaves it: the new notebook staged, the journal written."""
+    folder = book / "book" / "_recorded"
+    new = json.loads((folder / "ch_b.ipynb").read_text())
+    new["metadata"]["gpuinfer"]["date"] = "the new run"
+    (folder / ".ch_b.ipynb.new.tmp").write_text(json.dumps(new))
+    (folder / ".ch_b.new.tmp").mkdir()
+    (folder / ".ch_b.commit").write_text("a recording of ch_b is being written")
+    (folder / ".ch_a.ipynb.x1y2.tmp").write_text("a temporary file a kill left")
+    st = recordings.status(book, "ch_b", accept_cpu=True)
+    assert st.state == "unfinished" and "--recover" in st.message
+    assert record.main(["--root", str(book), "--recover"]) == 0
+    out = capsys.readouterr().out
+    assert "finished writing the recording of ch_b" in out
+    assert "removed .ch_a.ipynb.x1y2.tmp" in out
+    assert sorted(p.name for p in folder.iterdir()) == ["ch_a", "ch_a.ipynb", "ch_b.ipynb"]
+    st = recordings.status(book, "ch_b", accept_cpu=True)
+    assert st.fresh and st.provenance["date"] == "the new run"
 
 
 # --- on the GPU ----------------------------------------------------------------------------

@@ -1,21 +1,32 @@
-"""Every chapter of the book has a fresh GPU recording in book/_recorded/.
+"""Every chapter of the book has a fresh GPU recording in book/_recorded/, and the TOC
+and pages the chapters are found from read cleanly.
 
 Fails, naming the chapter and the command that re-records it, when a recording is missing,
-stale (the chapter's code cells or the gpuinfer modules it imports changed since), corrupt,
-or a CPU smoke recording. Recording needs the GPU: see README.md, "Recording on a GPU".
+stale (the chapter's code cells, the gpuinfer modules it imports or its artifacts changed
+since), corrupt, unfinished, or a CPU smoke recording. Recording needs the GPU: see
+README.md, "Recording on a GPU". A book that cannot be read (a page that is not UTF-8,
+front matter that is not YAML, a TOC entry outside the book, two chapters with one name)
+fails one test with the one line that names the file and the fix, not the collection.
 """
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import book_chapters
 from gpuinfer.publish import record, recordings
 
 ROOT = Path(__file__).resolve().parent.parent
-CHAPTERS = list(recordings.chapters(ROOT))
+FIXTURE = Path(__file__).parent / "fixtures" / "book"
+CHAPTERS, BOOK_ERROR = book_chapters(ROOT)
 
 
 def test_the_toc_has_chapters():
+    if BOOK_ERROR:
+        pytest.fail(BOOK_ERROR, pytrace=False)
     assert CHAPTERS, f"no MyST notebook chapters in {ROOT / '_toc.yml'}"
 
 
@@ -35,3 +46,118 @@ def test_recordings_are_small():
     assert total <= record.SIZE_LIMIT_MB * 1e6, (
         f"book/_recorded holds {total / 1e6:.1f} MB, over {record.SIZE_LIMIT_MB} MB; the "
         f"biggest: {', '.join(f'{f.name} {f.stat().st_size / 1e6:.1f} MB' for f in biggest)}")
+
+
+def test_nothing_is_left_over_in_the_recordings():
+    """Only recordings: no file a killed run left (`.*.tmp`), no unfinished write (a
+    journal), no folder of a chapter the book does not have."""
+    folder = ROOT / "book" / "_recorded"
+    expected = {".gitignore", "README.md"} | {f"{c}.ipynb" for c in CHAPTERS} | set(CHAPTERS)
+    extra = sorted(p.name for p in folder.iterdir() if p.name not in expected)
+    assert not extra, (f"book/_recorded holds {', '.join(extra)}: `python -m "
+                       "gpuinfer.publish.record --recover` finishes or removes what an "
+                       "interrupted recording left; remove anything else")
+
+
+# --- a book that cannot be read: one line, naming the file and the fix --------------------
+
+def fixture_copy(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(FIXTURE, tmp_path / "book",
+                                ignore=shutil.ignore_patterns("_build", "_recorded")))
+
+
+def add_to_toc(root: Path, entry: str) -> None:
+    toc = root / "_toc.yml"
+    toc.write_text(toc.read_text() + f"  - file: {entry}\n")
+
+
+def _not_utf8(root):
+    with open(root / "book" / "intro.md", "ab") as f:
+        f.write(b"caf\xe9\n")  # Latin-1, on a page that is not a chapter
+
+
+def _bad_front_matter(root):
+    path = root / "book" / "ch_b.md"
+    path.write_text(path.read_text().replace("kernelspec:", "kernelspec: [", 1))
+
+
+def _unclosed_front_matter(root):
+    path = root / "book" / "ch_b.md"
+    path.write_text("---\njupytext: {}\n" + path.read_text().split("\n---\n", 1)[1])
+
+
+def _outside(root):
+    outside = root.parent / "elsewhere"
+    outside.mkdir()
+    shutil.copy(root / "book" / "ch_b.md", outside / "ch_c.md")
+    add_to_toc(root, "../elsewhere/ch_c")
+
+
+def _absolute(root):
+    add_to_toc(root, str(root.parent / "elsewhere" / "ch_c"))
+
+
+def _two_named_alike(root):
+    (root / "other").mkdir()
+    shutil.copy(root / "book" / "ch_b.md", root / "other" / "ch_b.md")
+    add_to_toc(root, "other/ch_b")
+
+
+def _bad_toc(root):
+    (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n"
+                                    "  - file: book/ch_a\n   - file: [\n")
+
+
+def _not_a_toc(root):
+    (root / "_toc.yml").write_text("- book/ch_a\n")
+
+
+UNREADABLE = {
+    "not-utf8": (_not_utf8, "book/intro.md is not UTF-8 text: byte 0xe9 on line"),
+    "front-matter": (_bad_front_matter, "book/ch_b.md: its front matter is not valid YAML"),
+    "unclosed-front-matter": (_unclosed_front_matter, "has no closing '---' line"),
+    "outside": (_outside, "the entry '../elsewhere/ch_c' lies outside the book"),
+    "absolute": (_absolute, "lies outside the book"),
+    "two-named-alike": (_two_named_alike,
+                        "lists two chapters named ch_b (book/ch_b.md, other/ch_b.md)"),
+    "bad-toc": (_bad_toc, "_toc.yml is not valid YAML (line 5)"),
+    "not-a-toc": (_not_a_toc, "_toc.yml is not a Jupyter Book table of contents"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNREADABLE))
+def test_an_unreadable_book_is_one_line_naming_the_file(case, tmp_path, monkeypatch):
+    damage, said = UNREADABLE[case]
+    root = fixture_copy(tmp_path)
+    damage(root)
+    monkeypatch.chdir(root)
+    with pytest.raises(recordings.BookError) as caught:
+        recordings.chapters(root)
+    message = str(caught.value)
+    assert said in message and "\n" not in message
+    fixes = ("save", "fix", "close it", "list pages", "rename", "needs")
+    assert any(fix in message for fix in fixes), message
+
+
+@pytest.mark.slow
+def test_an_unreadable_page_fails_one_test_not_the_collection(tmp_path):
+    """A copy of the repository with one Latin-1 byte in the glossary: every test module
+    still collects, and test_the_toc_has_chapters fails with the one line."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("_toc.yml", "_config.yml", "pyproject.toml"):
+        shutil.copy(ROOT / name, repo / name)
+    shutil.copytree(ROOT / "book", repo / "book", ignore=shutil.ignore_patterns("_recorded"))
+    shutil.copytree(ROOT / "tests", repo / "tests",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(repo / "book" / "glossary.md", "ab") as f:
+        f.write(b"caf\xe9\n")
+    run = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
+    collected = subprocess.run(run + ["--collect-only"], cwd=repo, capture_output=True,
+                               text=True)
+    assert collected.returncode == 0, collected.stdout[-3000:]
+    failed = subprocess.run(run + ["tests/test_recordings.py::test_the_toc_has_chapters"],
+                            cwd=repo, capture_output=True, text=True)
+    assert failed.returncode == 1
+    assert "book/glossary.md is not UTF-8 text: byte 0xe9 on line" in failed.stdout
+    assert "Traceback" not in failed.stdout

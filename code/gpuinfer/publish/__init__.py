@@ -3,6 +3,7 @@ recordings. No chapter imports this package.
 
 - recordings: which chapters the book has, and whether each one's recording is still valid
 - record: the command that records chapters (`python -m gpuinfer.publish.record`)
+- store: writing a recording's notebook and artifacts together, whatever fails or kills it
 - compare: two recordings of a chapter, glued value by glued value
 - sphinx_recordings: the Sphinx extension that builds the pages from the recordings, with
   their provenance, and the table of the chapters' run times

@@ -16,6 +16,7 @@ import re
 import sys
 from pathlib import Path
 
+from gpuinfer.publish import recordings
 from gpuinfer.publish.recordings import METADATA_KEY
 
 GLUE_PREFIX = "application/papermill.record/"  # myst_nb.glue(..., display=False)
@@ -71,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     for path in (args.baseline, args.yours):
         if not path.is_file():
             print(f"error: no such notebook {path}", file=sys.stderr)
+            return 2
+        try:  # a notebook nbformat validates: glued_values can then walk it
+            recordings._validate(json.loads(path.read_bytes().decode("utf8")))
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError too
+            reason = "it nests too deeply" if isinstance(exc, RecursionError) else exc
+            print(f"error: {path} is not a notebook ({reason}); give two recordings "
+                  "(.ipynb) of one chapter", file=sys.stderr)
             return 2
     rows = compare(args.baseline, args.yours)
     print(f"baseline: {args.baseline} ({provenance(args.baseline)})")

@@ -4,10 +4,12 @@ The book is the one of the current directory (the nearest folder at or above it 
 `_toc.yml`), or `--root`. Each chapter (default: every chapter of the TOC) is executed in a
 fresh Jupyter kernel, with the chapter's folder as its working directory and
 GPUINFER_ARTIFACTS pointing at a scratch folder. Only when every cell succeeded is anything
-written: the executed notebook, with its provenance in metadata["gpuinfer"], replaces
-`book/_recorded/<chapter>.ipynb` atomically, and the artifacts (JSON traces gzipped) replace
-`book/_recorded/<chapter>/`. A failing cell, Ctrl-C or a kill leaves the previous recording
-byte-identical.
+written: the executed notebook, with its provenance and the hashes of its artifacts in
+metadata["gpuinfer"], and the artifacts (JSON traces gzipped) replace
+`book/_recorded/<chapter>.ipynb` and `book/_recorded/<chapter>/` together (see
+gpuinfer.publish.store). A failing cell, a full disk, Ctrl-C or a kill leaves the previous
+recording byte-identical, or, for a kill in the last milliseconds, a journal that the next
+run (or `--recover`) completes. One recorder at a time writes into a book.
 
 Without a CUDA device it refuses to record, unless --allow-cpu: a CPU *smoke* recording,
 labelled as such, which the book's tests reject. It exists to try the mechanism.
@@ -16,6 +18,7 @@ labelled as such, which the book's tests reject. It exists to try the mechanism.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -36,6 +39,10 @@ REQUIRED = {"nbclient": "nbclient", "nbformat": "nbformat", "jupytext": "jupytex
             "torch": "torch"}
 CELL_TIMEOUT_S = 900
 SIZE_LIMIT_MB = 20  # all recordings together, in the repository
+# Free space a run needs: in the temporary folder, raw profiler traces and the compilers'
+# caches; beside the recordings, the new recording staged next to the old one.
+MIN_FREE_TMP_MB = 512
+MIN_FREE_RECORDINGS_MB = 64
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
@@ -76,18 +83,50 @@ def find_root(start: Path) -> Path:
                      "this in the book's folder, or name it with --root")
 
 
-def select_chapters(root: Path, names: list[str]) -> dict[str, Path]:
-    """The chapters named on the command line (a stem, a path, or a unique prefix like 01)."""
+def book_chapters(root: Path) -> dict[str, Path]:
+    """The book's chapters; UsageError (its one line) if the TOC or a page is unreadable."""
     if not (root / "_toc.yml").is_file():
         raise UsageError(f"--root {root}: no _toc.yml there; name the book's root folder")
-    known = recordings.chapters(root)
+    try:
+        known = recordings.chapters(root)
+    except recordings.BookError as exc:
+        raise UsageError(str(exc)) from None
     if not known:
         raise UsageError(f"no chapters (MyST notebooks) in {root / '_toc.yml'}")
+    return known
+
+
+def _as_chapter_file(name: str, root: Path, known: dict[str, Path]) -> str | None:
+    """The stem of the chapter that `name`, given as a file path, is; None if `name` is not
+    a path. A path is taken from the current folder (then from the book's root, as the
+    README writes them); a file that is not one of this book's chapters is an error, not
+    the chapter of this book with the same name."""
+    if "/" not in name and not name.endswith(".md"):
+        return None
+    for base in (Path.cwd(), root):
+        candidate = (base / name).resolve()
+        if candidate.is_file():
+            for stem, path in known.items():
+                if path.resolve() == candidate:
+                    return stem
+            raise UsageError(f"{name} is not a chapter of the book at {root}: record it in "
+                             "its own book (--root), or name one of these chapters: "
+                             f"{', '.join(known)}")
+    raise UsageError(f"no file {name}; name a chapter of the book at {root}: "
+                     f"{', '.join(known)}")
+
+
+def select_chapters(root: Path, names: list[str]) -> dict[str, Path]:
+    """The chapters named on the command line: a stem, a unique prefix like 01, or the
+    chapter's file."""
+    known = book_chapters(root)
     if not names:
         return known
     chosen = {}
     for name in names:
-        stem = Path(name).stem
+        stem = _as_chapter_file(name, root, known)
+        if stem is None:
+            stem = name
         matches = [stem] if stem in known else [c for c in known if c.startswith(stem)]
         if len(matches) > 1:
             raise UsageError(f"{name!r} is ambiguous: it starts {', '.join(matches)}. "
@@ -98,18 +137,69 @@ def select_chapters(root: Path, names: list[str]) -> dict[str, Path]:
     return chosen
 
 
+def recordings_folders(chapters: dict[str, Path]) -> list[Path]:
+    return sorted({recordings.recording_path(p).parent for p in chapters.values()})
+
+
+def _free_mb(folder: Path) -> float:
+    return shutil.disk_usage(folder).free / 2**20
+
+
 def check_writable(chapters: dict[str, Path]) -> None:
-    """Fail now, not after an hour of GPU work, if a recording could not be written: try to
-    create a file in each recordings folder (creating the folder if need be)."""
-    for folder in sorted({recordings.recording_path(p).parent for p in chapters.values()}):
+    """Fail now, not after an hour of GPU work, if a recording could not be written: each
+    recordings folder must take a file and have room, no recording may be a link (it would
+    be written through it), and the temporary folder must have room for the run."""
+    for folder in recordings_folders(chapters):
         try:
             folder.mkdir(exist_ok=True)
             fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check.", suffix=".tmp")
             os.close(fd)
-            os.unlink(probe)
+            Path(probe).unlink(missing_ok=True)
         except OSError as exc:
             raise UsageError(f"cannot write recordings into {folder}: {exc.strerror or exc}. "
                              "Make it a writable folder, then record again") from None
+        if _free_mb(folder) < MIN_FREE_RECORDINGS_MB:
+            raise UsageError(f"{folder} has {_free_mb(folder):.0f} MB free; a recording is "
+                             f"staged beside the old one and needs {MIN_FREE_RECORDINGS_MB} "
+                             "MB or more there. Free some space, then record again")
+    for path in chapters.values():
+        for target in (recordings.recording_path(path), recordings.artifacts_path(path)):
+            if target.is_symlink():
+                raise UsageError(f"{target} is a link (to {os.readlink(target)}); a recording "
+                                 "is written as plain files in its folder. Remove the link "
+                                 f"(rm {target}), then record again")
+    tmp = Path(tempfile.gettempdir())
+    if _free_mb(tmp) < MIN_FREE_TMP_MB:
+        raise UsageError(f"the temporary folder {tmp} has {_free_mb(tmp):.0f} MB free; a "
+                         "recording writes its profiler traces and compiled kernels there "
+                         f"and needs {MIN_FREE_TMP_MB} MB or more. Free some space, or set "
+                         "TMPDIR to a folder with room")
+
+
+@contextlib.contextmanager
+def hold_and_recover(chapters: dict[str, Path]):
+    """Hold the recordings folders for this run (one recorder at a time), and first finish
+    or remove whatever an interrupted run left there."""
+    with contextlib.ExitStack() as stack:
+        for folder in recordings_folders(chapters):
+            try:
+                folder.mkdir(exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"cannot make the recordings folder {folder}: "
+                                 f"{exc.strerror or exc}") from None
+            try:
+                stack.enter_context(store.lock(folder))
+            except store.Busy:
+                raise UsageError(f"another recorder is writing into {folder}; wait until it "
+                                 "ends (two runs on one GPU would also disturb each other's "
+                                 "timings), or stop it") from None
+            for line in store.recover(folder):
+                log(f"{folder}: {line}")
+        from gpuinfer.env import remove_stale_scratch  # the scratch folders of killed runs
+
+        for path in remove_stale_scratch():
+            log(f"removed {path}, left by a run that was killed")
+        yield
 
 
 def _raise_interrupt(signum, frame):
@@ -118,10 +208,12 @@ def _raise_interrupt(signum, frame):
 
 # --- executing one chapter ---------------------------------------------------------------
 
-def execute(chapter: str, nb, cwd: Path, artifacts: Path) -> None:
+def execute(chapter: str, nb, cwd: Path, artifacts: Path, connection_file: Path) -> None:
     """Run notebook nb in a fresh kernel, in place, showing progress. Raises nbclient's
     CellExecutionError (which holds the cell and its traceback) when a cell fails, and
-    KeyboardInterrupt, after the kernel is shut down, on Ctrl-C or SIGTERM."""
+    KeyboardInterrupt, after the kernel is shut down, on Ctrl-C or SIGTERM. The kernel's
+    connection file (it holds the kernel's key) goes to `connection_file`, in this run's
+    scratch folder, which the next run removes if a kill leaves it."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
@@ -137,6 +229,8 @@ def execute(chapter: str, nb, cwd: Path, artifacts: Path) -> None:
         nb, timeout=CELL_TIMEOUT_S, record_timing=False, on_cell_execute=on_cell_execute,
         resources={"metadata": {"path": str(cwd)}},
     )
+    client.km = client.create_kernel_manager()
+    client.km.connection_file = str(connection_file)  # not the system's temporary folder
     old = os.environ.get("GPUINFER_ARTIFACTS")
     os.environ["GPUINFER_ARTIFACTS"] = str(artifacts)  # the kernel inherits it
     # The kernel's own log (its start-up warnings, and the errors it logs when it is shut
@@ -174,21 +268,35 @@ def strip(nb) -> None:
                 del out["data"][WIDGET_MIME]
 
 
+def _tmp_full_hint() -> str:
+    """A sentence for a failure when the temporary folder has (nearly) filled up during the
+    run: a cell then fails with whatever error its library gives for a file it could not
+    write (a FileNotFoundError for a trace, say)."""
+    tmp = Path(tempfile.gettempdir())
+    free = _free_mb(tmp)
+    if free >= 16:
+        return ""
+    return (f" The temporary folder {tmp} is full ({free:.0f} MB free), which is likely the "
+            "cause: free some space, or set TMPDIR to a folder with room.")
+
+
 def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Result:
     """Execute one chapter and, if every cell succeeded, write its recording. Raises
-    KeyboardInterrupt with the seconds it ran as its argument."""
-    import nbformat
+    KeyboardInterrupt with the seconds it ran and whether the recording was written."""
     from nbclient.exceptions import CellExecutionError
 
     from gpuinfer.env import provenance, scratch_dir
 
     rec = recordings.recording_path(path)
-    nb = recordings.read_chapter(path)
-    hashes = recordings.current_hashes(nb)  # of the code that runs, before it runs
     start = time.perf_counter()
-    scratch = Path(scratch_dir(f"record-{chapter}"))
+    scratch = None
     try:
-        execute(chapter, nb, path.parent, scratch)  # cwd: the chapter's folder
+        scratch = Path(scratch_dir(f"record-{chapter}"))  # removed at exit or by the next run
+        artifacts = scratch / "artifacts"
+        artifacts.mkdir()
+        nb = recordings.read_chapter(path)
+        hashes = recordings.current_hashes(nb)  # of the code that runs, before it runs
+        execute(chapter, nb, path.parent, artifacts, scratch / "kernel.json")
         seconds = time.perf_counter() - start
         strip(nb)
         meta = provenance()
@@ -196,22 +304,28 @@ def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Resu
         meta.update(seconds=round(seconds, 1), allow_cpu=allow_cpu,
                     command=f"python -m gpuinfer.publish.record {chapter}")
         nb.metadata[recordings.METADATA_KEY] = meta
-        store.commit(chapter, nbformat.writes(nb), scratch, path)
+        store.commit(path, nb, artifacts)
+    except store.InterruptedAfterCommit:
+        log(f"[{chapter}] wrote {rec.resolve()}")
+        raise KeyboardInterrupt(time.perf_counter() - start, True) from None
     except KeyboardInterrupt:
-        raise KeyboardInterrupt(time.perf_counter() - start) from None
+        raise KeyboardInterrupt(time.perf_counter() - start, False) from None
     except CellExecutionError as exc:
         seconds = time.perf_counter() - start
         tb = str(exc) if sys.stdout.isatty() else re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
         log(f"\n[{chapter}] FAILED after {seconds:.1f} s; the previous recording is "
-            f"kept.\n{tb}\n")
+            f"kept.{_tmp_full_hint()}\n{tb}\n")
         return Result(chapter, False, seconds, "failed: " + str(exc.ename or "error"))
-    except Exception as exc:  # a dead kernel, a timeout, a bad notebook
+    except Exception as exc:  # a dead kernel, a timeout, a bad notebook, a full disk
         seconds = time.perf_counter() - start
-        log(f"\n[{chapter}] FAILED after {seconds:.1f} s ({type(exc).__name__}: {exc}); "
-            "the previous recording is kept.\n")
+        said = (f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and exc.strerror
+                and exc.filename else f"{type(exc).__name__}: {exc}")
+        log(f"\n[{chapter}] FAILED after {seconds:.1f} s ({said}); the previous recording "
+            f"is kept.{_tmp_full_hint()}\n")
         return Result(chapter, False, seconds, f"failed: {type(exc).__name__}")
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     log(f"[{chapter}] wrote {rec.resolve()}")
     size = rec.stat().st_size + sum(
         f.stat().st_size for f in recordings.artifacts_path(path).rglob("*") if f.is_file())
@@ -221,12 +335,11 @@ def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Resu
 
 # --- the command ---------------------------------------------------------------------------
 
-def summary(results: list[Result], root: Path) -> None:
+def summary(results: list[Result], chosen: dict[str, Path]) -> None:
     log("\n| chapter | result | seconds |\n|---|---|---|")
     for r in results:
         log(f"| {r.chapter} | {r.note} | {r.seconds:.1f} |")
-    folders = {path.parent / "_recorded" for path in recordings.chapters(root).values()}
-    total = sum(f.stat().st_size for folder in folders if folder.is_dir()
+    total = sum(f.stat().st_size for folder in recordings_folders(chosen) if folder.is_dir()
                 for f in folder.rglob("*") if f.is_file())
     over = f"  OVER THE {SIZE_LIMIT_MB} MB LIMIT" if total > SIZE_LIMIT_MB * 1e6 else ""
     log(f"\nAll recordings together: {total / 1e6:.2f} MB{over}")
@@ -249,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=None,
                         help="the book's root folder, with _toc.yml (default: the book of "
                              "the current directory)")
+    parser.add_argument("--recover", action="store_true",
+                        help="only finish writing a recording that a kill cut short, and "
+                             "remove what interrupted runs left; record nothing")
     args = parser.parse_args(argv)
 
     try:
@@ -258,8 +374,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"missing Python packages: {', '.join(missing)}. Install them with "
                 "`pip install -r requirements.txt`; on the GPU machine (no network) run "
                 "`bash scripts/gpu_record.sh`, which installs the wheels in .whl/.")
+        if args.root is not None and not args.root.is_dir():
+            raise UsageError(f"--root {args.root}: not a folder; name the book's root "
+                             "folder (the one with _toc.yml)")
         root = args.root.resolve() if args.root else find_root(Path.cwd())
         chosen = select_chapters(root, args.chapters)
+        if args.recover:
+            with hold_and_recover(book_chapters(root)):
+                log(f"book: {root}: nothing else to recover")
+            return 0
         import torch
 
         if not torch.cuda.is_available() and not args.allow_cpu:
@@ -268,30 +391,39 @@ def main(argv: list[str] | None = None) -> int:
                 "GPU machine, or pass --allow-cpu for a CPU smoke recording (labelled as such "
                 "and rejected by the tests).")
         check_writable(chosen)
+        with hold_and_recover(chosen):
+            return record_all(root, chosen, allow_cpu=args.allow_cpu)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+
+def record_all(root: Path, chosen: dict[str, Path], *, allow_cpu: bool) -> int:
+    """Record the chosen chapters one after the other; the exit code."""
     log(f"book: {root}")
     old_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
     results, current = [], None
     try:
         for current, path in chosen.items():
             log(f"\n=== recording {current} ({path.relative_to(root)}) ===")
-            results.append(record_chapter(current, path, allow_cpu=args.allow_cpu))
+            results.append(record_chapter(current, path, allow_cpu=allow_cpu))
             current = None
     except KeyboardInterrupt as interrupt:
         _quiet_interrupted_kernel()
-        seconds = interrupt.args[0] if interrupt.args else 0.0
-        if current is not None:
+        seconds, written = (interrupt.args + (0.0, False))[:2]
+        if current is not None and written:
+            log(f"\nInterrupted after {seconds:.1f} s, once the recording of {current} was "
+                "written; the chapters after it were not recorded.")
+            results.append(Result(current, True, seconds, "recorded, then interrupted"))
+        elif current is not None:
             log(f"\nInterrupted after {seconds:.1f} s: the previous recording of {current} "
                 "is kept.")
             results.append(Result(current, False, seconds, "interrupted"))
-        summary(results, root)
+        summary(results, chosen)
         return 130
     finally:
         signal.signal(signal.SIGTERM, old_handler)
-    summary(results, root)
+    summary(results, chosen)
     return 0 if all(r.ok for r in results) else 1
 
 

@@ -2,8 +2,8 @@
 
 A chapter is a file of the table of contents (`_toc.yml`) that is a MyST notebook. Its
 recording is the executed notebook `_recorded/<stem>.ipynb` beside it, written by
-`python -m gpuinfer.publish.record` on the GPU, with its provenance in `metadata["gpuinfer"]` and
-two hashes of what produced it:
+`python -m gpuinfer.publish.record` on the GPU, with its provenance in `metadata["gpuinfer"]`
+and three hashes of what produced it:
 
 - chapter_hash: the chapter's code cells (editing the prose keeps a recording valid);
 - package_hash: the gpuinfer modules the chapter imports, followed through the imports
@@ -11,7 +11,14 @@ two hashes of what produced it:
   chapter does not use keeps it valid too). A module is hashed as Python parses it, without
   its docstrings (comments never reach the parse), so editing a comment or a docstring keeps
   a recording valid; the chapter's own cells are hashed as written, since its page shows
-  them from the recording.
+  them from the recording;
+- artifacts: each file of `_recorded/<stem>/` (profiler traces), so that a missing, altered
+  or extra file makes the recording stale. Recordings made before this was kept have none,
+  and their artifacts go unchecked.
+
+A recording is also checked for what would break its page: a notebook that nbformat does
+not validate, an image that is not base64, code cells that are not those it hashed. A book
+whose TOC or pages cannot be read raises BookError, one line naming the file and the fix.
 
 Plain functions, no Sphinx: the record command, the Sphinx extension and the tests share them.
 """
@@ -29,7 +36,13 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the gpuinfer sources chapters import
 METADATA_KEY = "gpuinfer"  # where a recording keeps its provenance
 REQUIRED_METADATA = ("chapter_hash", "package_hash", "modules", "smoke")
-STATES = ("fresh", "stale", "missing", "cpu", "corrupt")
+STATES = ("fresh", "stale", "missing", "cpu", "corrupt", "unfinished")
+
+
+class BookError(ValueError):
+    """The book's TOC, or a page it lists, cannot be read as it must be. The message is one
+    line that names the file and the fix; the record command, the tests and the build all
+    stop with it."""
 
 
 def record_command(chapter: str) -> str:
@@ -51,39 +64,108 @@ def _toc_files(entry) -> list[str]:
     return found
 
 
-def is_myst_notebook(path: Path) -> bool:
-    """True for a markdown file whose front matter says it is a MyST (jupytext) notebook."""
-    text = path.read_text(encoding="utf8")
+def _shown(path: Path, root: Path | None = None) -> str:
+    """A path as a message shows it: relative to the book's root when given and below it,
+    else to the current folder when below it, else whole."""
+    path = Path(path).resolve()
+    for base in ([Path(root).resolve()] if root is not None else []) + [Path.cwd()]:
+        if path.is_relative_to(base) and path != base:
+            return path.relative_to(base).as_posix()
+    return str(path)
+
+
+def read_text(path: Path, root: Path | None = None) -> str:
+    """A page of the book as text; BookError, naming the file and the byte, if it is not
+    UTF-8 (Sphinx, jupytext and the record command all read pages as UTF-8)."""
+    try:
+        return Path(path).read_text(encoding="utf8")
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise BookError(f"{_shown(path, root)} is not UTF-8 text: byte "
+                        f"0x{exc.object[exc.start]:02x} on line {line}; save the file as "
+                        "UTF-8") from None
+    except OSError as exc:
+        raise BookError(f"cannot read {_shown(path, root)}: {exc.strerror or exc}") from None
+
+
+def _yaml_problem(exc) -> str:
+    """' (line 5): expected <block end>, ...' from a YAMLError, for a one-line message."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" (line {mark.line + 1})" if mark is not None else ""
+    return f"{where}: {getattr(exc, 'problem', None) or 'invalid YAML'}"
+
+
+def front_matter(path: Path, root: Path | None = None) -> dict | None:
+    """The YAML front matter of a markdown page, None if it has none; BookError if it has
+    one that is not a YAML mapping (which would silently turn a chapter into a plain page)."""
+    text = read_text(path, root)
     if not text.startswith("---"):
-        return False
+        return None
     import yaml  # here, not at the top: the record command checks first that it is installed
 
+    head, closed, _ = text[3:].partition("\n---")
+    if not closed:
+        raise BookError(f"{_shown(path, root)}: its front matter, opened by '---' on line 1, "
+                        "has no closing '---' line; close it")
     try:
-        meta = yaml.safe_load(text.split("\n---", 1)[0][3:])
-    except yaml.YAMLError:
-        return False
+        meta = yaml.safe_load(head)
+    except yaml.YAMLError as exc:
+        raise BookError(f"{_shown(path, root)}: its front matter is not valid YAML"
+                        f"{_yaml_problem(exc)}; fix it") from None
     if not isinstance(meta, dict):
+        raise BookError(f"{_shown(path, root)}: its front matter is not a YAML mapping "
+                        "(key: value lines); fix it")
+    return meta
+
+
+def is_myst_notebook(path: Path, root: Path | None = None) -> bool:
+    """True for a markdown file whose front matter says it is a MyST (jupytext) notebook."""
+    meta = front_matter(path, root)
+    if meta is None:
         return False
-    fmt = (meta.get("jupytext") or {}).get("text_representation", {}).get("format_name")
+    jupytext = meta.get("jupytext") if isinstance(meta.get("jupytext"), dict) else {}
+    representation = jupytext.get("text_representation")
+    fmt = representation.get("format_name") if isinstance(representation, dict) else None
     return fmt == "myst" or meta.get("file_format") == "mystnb"
 
 
 def toc_files(root: Path | str) -> list[str]:
-    """Every page of the TOC, as written there ('book/intro', 'book/01_roofline', ...)."""
+    """Every page of the TOC, as written there ('book/intro', 'book/01_roofline', ...);
+    BookError when _toc.yml is missing or is not a Jupyter Book TOC."""
     import yaml
 
-    return _toc_files(yaml.safe_load((Path(root) / "_toc.yml").read_text(encoding="utf8")))
+    toc = Path(root) / "_toc.yml"
+    if not toc.is_file():
+        raise BookError(f"{Path(root).resolve()} has no _toc.yml: name the book's root folder")
+    try:
+        data = yaml.safe_load(read_text(toc, root))
+    except yaml.YAMLError as exc:
+        raise BookError(f"{_shown(toc)} is not valid YAML{_yaml_problem(exc)}; fix it") \
+            from None
+    if not isinstance(data, dict) or not isinstance(data.get("root"), str):
+        raise BookError(f"{_shown(toc)} is not a Jupyter Book table of contents: it needs a "
+                        "'root:' page (see jupyterbook.org, 'Table of Contents')")
+    return _toc_files(data)
 
 
 def chapters(root: Path | str) -> dict[str, Path]:
-    """The book's chapters in TOC order: {stem: path of the .md}."""
+    """The book's chapters in TOC order: {stem: path of the .md}. BookError for a TOC entry
+    outside the book (its recording would be written there), for two chapters with one
+    name (a chapter is named by its file's stem), and for a page that cannot be read."""
     root = Path(root)
+    inside = root.resolve()
     found = {}
     for entry in toc_files(root):
         path = root / (entry if entry.endswith(".md") else entry + ".md")
-        if path.is_file() and is_myst_notebook(path):
+        if not path.resolve().is_relative_to(inside):
+            raise BookError(f"{_shown(root / '_toc.yml')}: the entry {entry!r} lies outside "
+                            f"the book ({inside}); list pages inside the book's folder")
+        if path.is_file() and is_myst_notebook(path, root):
             if path.stem in found:
-                raise ValueError(f"two chapters named {path.stem}: {found[path.stem]}, {path}")
+                raise BookError(
+                    f"{_shown(root / '_toc.yml')} lists two chapters named {path.stem} "
+                    f"({_shown(found[path.stem], root)}, {_shown(path, root)}); chapters "
+                    "are named by their file names: rename one")
             found[path.stem] = path
     return found
 
@@ -95,7 +177,7 @@ def drafts(root: Path | str) -> dict[str, Path]:
     listed = chapters(root)
     folders = sorted({path.parent for path in listed.values()})
     return {path.stem: path for folder in folders for path in sorted(folder.glob("*.md"))
-            if path.stem not in listed and is_myst_notebook(path)}
+            if path.stem not in listed and is_myst_notebook(path, root)}
 
 
 def recording_path(chapter_path: Path) -> Path:
@@ -108,11 +190,17 @@ def artifacts_path(chapter_path: Path) -> Path:
     return chapter_path.parent / "_recorded" / chapter_path.stem
 
 
+def journal_path(chapter_path: Path) -> Path:
+    """`book/_recorded/.01_roofline.commit`: there while a recording is being written (see
+    gpuinfer.publish.store); left behind only by a write cut short by a kill."""
+    return chapter_path.parent / "_recorded" / f".{chapter_path.stem}.commit"
+
+
 def read_chapter(path: Path):
     """The chapter as an nbformat notebook (the explicit fmt: else jupytext sees plain md)."""
     import jupytext
 
-    return jupytext.read(path, fmt="md:myst")
+    return jupytext.reads(read_text(path, path.parent.parent), fmt="md:myst")
 
 
 # --- the hashes ---------------------------------------------------------------------------
@@ -276,8 +364,9 @@ class Status:
     def message(self) -> str:
         if self.fresh:
             return f"chapter {self.chapter}: {self.reason}"
-        return (f"chapter {self.chapter} has no valid GPU recording: {self.reason}. "
-                f"Re-record it with {record_command(self.chapter)}.")
+        fix = ("" if self.state == "unfinished"  # the reason says how to finish it
+               else f" Re-record it with {record_command(self.chapter)}.")
+        return f"chapter {self.chapter} has no valid GPU recording: {self.reason}.{fix}"
 
 
 def recorded_on(meta: dict) -> str:
@@ -288,47 +377,121 @@ def recorded_on(meta: dict) -> str:
     return f"{where}, {meta.get('date', '?')}"
 
 
+def read_recording(recording: Path):
+    """The recording as an nbformat notebook, once checked (`check_recording`); ValueError,
+    saying what is wrong and where, when it is unreadable or damaged, OSError when it
+    cannot be read at all."""
+    import nbformat
+
+    data = Path(recording).read_bytes()
+    try:
+        raw = json.loads(data.decode("utf8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 (byte {exc.start})") from None
+    except RecursionError:  # the parser nests one call per bracket
+        raise ValueError("its JSON nests too deeply to be a notebook") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    _validate(raw)  # before nbformat's reader, which trips over bad structure
+    try:
+        nb = nbformat.reads(data.decode("utf8"), as_version=4)
+    except Exception as exc:  # valid, yet unreadable: say so rather than crash a build
+        raise ValueError(f"not a readable notebook: {str(exc).splitlines()[0][:200]}") \
+            from None
+    check_recording(nb)
+    return nb
+
+
 def read_provenance(recording: Path) -> dict:
-    """metadata["gpuinfer"] of a recording, once its outputs are checked (`check_outputs`);
-    ValueError/OSError when it is unreadable or damaged."""
-    with open(recording, encoding="utf8") as f:
-        nb = json.load(f)
-    meta = nb.get("metadata", {}).get(METADATA_KEY) if isinstance(nb, dict) else None
+    """metadata["gpuinfer"] of a recording, once it is checked; ValueError/OSError when it
+    is unreadable or damaged."""
+    return read_recording(recording).metadata[METADATA_KEY]
+
+
+def _where(path) -> str:
+    """['cells', 3, 'outputs', 0, 'data'] -> 'cell 4, output 1, data'."""
+    parts, names = list(path), {"cells": "cell", "outputs": "output"}
+    shown = []
+    while parts:
+        key = parts.pop(0)
+        if key in names and parts and isinstance(parts[0], int):
+            shown.append(f"{names[key]} {parts.pop(0) + 1}")
+        else:
+            shown.append(str(key))
+    return ", ".join(shown) or "the notebook"
+
+
+def _validate(nb: dict) -> None:
+    """ValueError, saying where, unless `nb` is a valid nbformat 4 notebook (outputs with
+    their data, data of the right types, ...)."""
+    import warnings
+
+    import nbformat
+
+    if not isinstance(nb, dict) or nb.get("nbformat") != 4:
+        raise ValueError("not an nbformat 4 notebook")
+    with warnings.catch_warnings():  # an old notebook's missing cell ids are not damage
+        warnings.simplefilter("ignore")
+        try:
+            nbformat.validate(nb)
+        except nbformat.ValidationError as exc:
+            where = _where(getattr(exc, "absolute_path", []))
+            message = str(getattr(exc, "message", exc)).splitlines()[0][:200]
+            raise ValueError(f"{where}: {message}") from None
+
+
+def check_recording(nb) -> None:
+    """Raise ValueError, saying where, if the recording (read, and valid as a notebook) is
+    not one that renders and matches its own provenance: an image that is not base64,
+    provenance missing, or code cells other than those it recorded the hash of (edited by
+    hand). Valid JSON can still be damaged inside; myst-nb would stop the build on it."""
+    meta = nb.metadata.get(METADATA_KEY)
     if not isinstance(meta, dict):
         raise ValueError(f"no metadata['{METADATA_KEY}']")
     missing = [k for k in REQUIRED_METADATA if k not in meta]
     if missing:
         raise ValueError(f"metadata['{METADATA_KEY}'] lacks {', '.join(missing)}")
-    if not isinstance(nb.get("cells"), list):
-        raise ValueError("no cells")
-    check_outputs(nb)
-    return meta
-
-
-# What each kind of output must hold for myst-nb to render it.
-OUTPUT_FIELDS = {"display_data": "data", "execute_result": "data", "stream": "text",
-                 "error": "ename"}
-
-
-def check_outputs(nb: dict) -> None:
-    """Raise ValueError, naming the cell and the output, if an output of the notebook is one
-    that would stop the page from rendering: of an unknown type, without its data, or with
-    an image that is not base64. (Valid JSON can still be damaged inside.)"""
-    for i, cell in enumerate(nb["cells"], start=1):
-        for j, out in enumerate(cell.get("outputs", []) if isinstance(cell, dict) else [], 1):
-            where = f"cell {i}, output {j}"
-            kind = out.get("output_type") if isinstance(out, dict) else None
-            if kind not in OUTPUT_FIELDS:
-                raise ValueError(f"{where}: unknown output type {kind!r}")
-            if OUTPUT_FIELDS[kind] not in out:
-                raise ValueError(f"{where}: a {kind} output without '{OUTPUT_FIELDS[kind]}'")
+    for i, cell in enumerate(nb.cells, start=1):
+        for j, out in enumerate(cell.get("outputs", []), start=1):
             for mime, value in out.get("data", {}).items():
                 if mime.startswith("image/") and mime != "image/svg+xml":
                     try:
-                        text = "".join(value) if isinstance(value, list) else value
-                        base64.b64decode("".join(text.split()), validate=True)  # lines ok
+                        base64.b64decode("".join(value.split()), validate=True)
                     except (AttributeError, TypeError, ValueError):
-                        raise ValueError(f"{where}: its {mime} is not base64") from None
+                        raise ValueError(f"cell {i}, output {j}: its {mime} is not base64") \
+                            from None
+    if chapter_hash(nb) != meta["chapter_hash"]:
+        raise ValueError("its code cells are not the ones it was recorded with (the hash in "
+                         "its metadata differs): it was edited after recording")
+
+
+def artifact_hashes(folder: Path) -> dict[str, str]:
+    """{path under folder: sha256} of every file in an artifacts folder ({} when there is
+    none). A link counts as a file named `-> target`, so that it never matches a recording."""
+    folder = Path(folder)
+    if folder.is_symlink() or not folder.is_dir():
+        return {"": "-> " + str(folder.readlink())} if folder.is_symlink() else {}
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_symlink():
+            found[rel] = "-> " + str(path.readlink())
+        elif path.is_file():
+            found[rel] = _sha256(path.read_bytes())
+    return found
+
+
+def artifacts_differ(recorded: dict[str, str], now: dict[str, str]) -> str | None:
+    """None when the artifacts on disk are those recorded; else what differs, in words."""
+    if recorded == now:
+        return None
+    missing = sorted(set(recorded) - set(now))
+    extra = sorted(set(now) - set(recorded))
+    changed = sorted(k for k in set(recorded) & set(now) if recorded[k] != now[k])
+    parts = [f"{label} {', '.join(names[:3])}{' …' if len(names) > 3 else ''}"
+             for label, names in (("missing:", missing), ("altered:", changed),
+                                  ("not from the recording:", extra)) if names]
+    return "; ".join(parts)
 
 
 def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
@@ -349,6 +512,10 @@ def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
     def result(state, reason, meta=None):
         return Status(chapter, state, reason, rec, meta or {}, modules)
 
+    if journal_path(path).exists():
+        return result("unfinished", "a recording of it was cut short while being written "
+                      f"({journal_path(path).relative_to(Path(root)).as_posix()} is there); "
+                      "`python -m gpuinfer.publish.record --recover` finishes writing it")
     if not rec.exists():
         return result("missing", f"there is no recording {shown}")
     try:
@@ -363,6 +530,14 @@ def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
                          if old.get(m) != now["modules"].get(m))
         return result("stale", "the gpuinfer sources it imports changed since it was "
                       f"recorded ({', '.join('gpuinfer/' + m for m in changed)})", meta)
+    # Recordings made before artifacts were hashed carry no "artifacts": nothing to check.
+    if isinstance(meta.get("artifacts"), dict):
+        folder = artifacts_path(path)
+        differ = artifacts_differ(meta["artifacts"], artifact_hashes(folder))
+        if differ:
+            shown_folder = folder.relative_to(Path(root)).as_posix()
+            return result("stale", f"its artifacts in {shown_folder}/ are not the ones it "
+                          f"recorded ({differ})", meta)
     if meta["smoke"] and not accept_cpu:
         return result("cpu", f"{shown} is a CPU smoke recording (made with --allow-cpu), "
                       "not GPU results", meta)

@@ -15,11 +15,17 @@ Under the title of each chapter page goes the recording's provenance, with downl
 and the package modules a chapter imports are Sphinx dependencies of its page, so an
 incremental build picks up a re-recording or a change of the package. The directive
 `{recorded-runtimes}` tabulates each chapter's recording: its state, GPU, date and run time.
+
+A build reads the recordings and never writes into them: it refuses a GPUINFER_ARTIFACTS
+(where a preview's traces go) that is relative or lies in a chapter's folder. A book whose
+TOC or pages cannot be read stops the build with one line naming the file and the fix; a
+damaged recording only turns its chapter into a preview.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +40,36 @@ from gpuinfer.publish.sphinx_site import table
 
 logger = logging.getLogger(__name__)
 SEED_KEY = "gpuinfer_recording"  # cache record data: sha256 of the recording it came from
+
+
+def stop(message: str):
+    """Stop the build with one line. Not a SphinxError: jupyter-book would print its own
+    traceback under it. SystemExit passes through Sphinx and jupyter-book untouched."""
+    raise SystemExit(f"error: {message}")
+
+
+def check_artifacts_folder(root: Path, chapter_paths) -> None:
+    """A chapter executed as a preview writes its artifacts (profiler traces) under
+    GPUINFER_ARTIFACTS when it is set: refuse a relative folder (each chapter would take it
+    from its own folder) and one inside a chapter's folder (book/_recorded/ among them),
+    where a CPU preview would overwrite the GPU's traces or dirty the book."""
+    value = os.environ.get("GPUINFER_ARTIFACTS")
+    if not value:
+        return
+    folder = Path(value)
+    if not folder.is_absolute():
+        stop(f"GPUINFER_ARTIFACTS={value} is a relative path, which each chapter "
+                        "would take from its own folder, inside the book: unset it (a build "
+                        "keeps a preview's artifacts in a temporary folder) or give an "
+                        "absolute folder outside the book's chapters")
+    for chapter_dir in sorted({Path(p).parent.resolve() for p in chapter_paths}):
+        if folder.resolve().is_relative_to(chapter_dir):
+            shown = chapter_dir.relative_to(root.resolve()).as_posix() \
+                if chapter_dir.is_relative_to(root.resolve()) else str(chapter_dir)
+            stop(f"GPUINFER_ARTIFACTS={value} lies in the book's chapter folder "
+                            f"{shown}/, where a preview would overwrite recorded artifacts "
+                            f"({shown}/_recorded/) or add files: unset it, or give a folder "
+                            "outside the book's chapters")
 
 
 def myst_nb_notebook(app, path: Path):
@@ -104,11 +140,19 @@ def seed_cache(app) -> None:
     root = Path(app.srcdir)
     if not (root / "_toc.yml").is_file():  # a single page built on its own: no chapters
         return
+    try:
+        chapters = recordings.chapters(root)
+    except recordings.BookError as exc:
+        stop(str(exc))
+    check_artifacts_folder(root, chapters.values())
     cache = get_cache(app.env.mystnb_config.execution_cache_path)
     app.gpuinfer_status = {}  # docname -> Status, for the page boxes
-    for chapter, path in recordings.chapters(root).items():
-        status = recordings.status(
-            root, chapter, accept_cpu=app.config.gpuinfer_accept_cpu_recordings)
+    for chapter, path in chapters.items():
+        try:
+            status = recordings.status(
+                root, chapter, accept_cpu=app.config.gpuinfer_accept_cpu_recordings)
+        except recordings.BookError as exc:
+            stop(str(exc))
         if status.fresh:
             try:
                 seed(app, cache, status, path)
@@ -141,8 +185,11 @@ def box(status: recordings.Status, page_dir: Path) -> str:
                 f"{recordings.record_command(status.chapter)}.\n```\n")
     meta = status.provenance
     artifacts_dir = status.recording.with_suffix("")
-    artifacts = sorted(f for f in artifacts_dir.rglob("*") if f.is_file()) \
-        if artifacts_dir.is_dir() else []
+    if isinstance(meta.get("artifacts"), dict):  # checked against the folder by status()
+        artifacts = [artifacts_dir / name for name in sorted(meta["artifacts"])]
+    else:  # a recording made before artifacts were hashed
+        artifacts = sorted(f for f in artifacts_dir.rglob("*") if f.is_file()) \
+            if artifacts_dir.is_dir() else []
     downloads = [_link("executed notebook", status.recording, page_dir)]
     downloads += [_link(f.relative_to(artifacts_dir).as_posix(), f, page_dir) for f in artifacts]
     said = recordings.recorded_on(meta)
@@ -192,7 +239,7 @@ def add_box(app, docname: str, source: list[str]) -> None:
 
 STATE_TEXT = {"fresh": "up to date", "stale": "stale (from an older version)",
               "missing": "not recorded yet", "cpu": "CPU smoke run, not a GPU",
-              "corrupt": "unreadable"}
+              "corrupt": "unreadable", "unfinished": "cut short while being written"}
 
 
 class RecordedRuntimes(SphinxDirective):

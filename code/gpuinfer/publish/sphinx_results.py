@@ -15,6 +15,7 @@ from pathlib import Path
 from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx import addnodes
+from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
 from gpuinfer import results
@@ -22,6 +23,7 @@ from gpuinfer.publish import recordings
 from gpuinfer.publish.compare import glued_values
 from gpuinfer.publish.sphinx_site import table
 
+logger = logging.getLogger(__name__)
 HEADER = ["variant", "ms / token", "tokens / s", "GB/s", "of the floor", "× V0",
           "× generate(static)"]
 
@@ -48,7 +50,14 @@ class DecodeResults(SphinxDirective):
             status = recordings.status(
                 root, chapter, accept_cpu=self.config.gpuinfer_accept_cpu_recordings)
             self.env.note_dependency(str(status.recording))
-            rows = chapter_results(status.recording) if status.fresh else []
+            try:
+                rows = chapter_results(status.recording) if status.fresh else []
+            except Exception as exc:  # a glued value damaged inside a valid notebook
+                logger.warning(f"{status.recording.relative_to(root).as_posix()}: its glued "
+                               f"{results.GLUE_NAME} is unreadable ({type(exc).__name__}: "
+                               f"{exc}); re-record {chapter}", location=self.get_location(),
+                               type="gpuinfer", subtype="recording")
+                rows = []
             if not rows:
                 continue
             if "fastest" in self.options:
