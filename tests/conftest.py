@@ -14,6 +14,14 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def recorded_files(root: Path) -> dict[str, bytes]:
+    """Every file under the book's book/_recorded/, by path there, with its bytes: what
+    "the recording is intact, byte for byte" compares."""
+    folder = root / "book" / "_recorded"
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def book_chapters(root: Path, with_drafts: bool = False) -> tuple[dict[str, Path], str | None]:
     """The book's chapters (and drafts), or none and the one-line BookError that says why
     they cannot be read: a test module lists its cases from this at collection time, and a

@@ -21,6 +21,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from conftest import recorded_files
 from gpuinfer.publish import recordings, store
 
 OLD_TRACE = b'{"old": true}'
@@ -56,9 +57,7 @@ def new_run(tmp: Path, size: int = 1000) -> tuple[nbformat.NotebookNode, Path]:
 
 def snapshot(chapter: Path) -> dict[str, bytes]:
     """Every file of the recordings folder, by path, with its bytes."""
-    folder = recordings.recording_path(chapter).parent
-    return {p.relative_to(folder).as_posix(): p.read_bytes()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return recorded_files(chapter.parent.parent)
 
 
 def is_old(files: dict[str, bytes], old: dict[str, bytes]) -> bool:

@@ -11,7 +11,7 @@ In `book/_recorded/` a chapter's recording is `<chapter>.ipynb` with `<chapter>/
 3. renames: the old folder aside (`.<chapter>.old.tmp/`), the new folder in, the new notebook
    in; then removes the journal and the old folder.
 
-Steps 2-3 run with Ctrl-C and SIGTERM held off. A fault inside step 3 undoes it (the old
+Steps 2-3 run with Ctrl-C and SIGTERM held off (deferred by their handlers). A fault inside step 3 undoes it (the old
 pair is put back); a kill cannot be caught, so it leaves the journal, and
 `finish_interrupted` (run by the record command before anything else, under the lock, and
 by its `--recover`) completes the renames, which are idempotent. Until then the chapter
@@ -29,6 +29,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from pathlib import Path
 
 from gpuinfer.publish import recordings
@@ -156,7 +157,7 @@ def _roll_back(p: dict[str, Path]) -> None:
     if not p["new_notebook"].exists():
         return  # the commit is complete but for its tidying: keep the new pair
     if p["old_artifacts"].exists() or p["old_artifacts"].is_symlink():
-        if not p["new_artifacts"].exists() and (p["artifacts"].exists()):
+        if not p["new_artifacts"].exists() and p["artifacts"].exists():
             os.replace(p["artifacts"], p["new_artifacts"])  # the new folder back out
         os.replace(p["old_artifacts"], p["artifacts"])
     elif not p["new_artifacts"].exists() and p["artifacts"].exists():
@@ -169,12 +170,27 @@ def _roll_back(p: dict[str, Path]) -> None:
 
 @contextlib.contextmanager
 def _signals_held():
-    """Hold off Ctrl-C and SIGTERM; they are delivered when the block ends."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    """Hold off Ctrl-C and SIGTERM until the block ends, then deliver the first that came.
+    Their handlers only note them meanwhile: Python runs handlers in the main thread,
+    whichever thread the system hands the signal to, whereas a thread's signal mask
+    (pthread_sigmask) leaves the signal to any other thread, torch's among them. Off the
+    main thread no handler runs there anyway, and nothing needs holding."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived = []
+    held = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum))
+            for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        for signum in arrived[:1]:
+            if callable(held[signum]):
+                held[signum](signum, None)
+            elif held[signum] == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 def commit(chapter_path: Path, notebook, scratch: Path) -> None:
