@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import jupyter_book_build
+from conftest import jupyter_book_build, recorded_files
 from gpuinfer.publish import record, recordings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,12 +231,6 @@ def recorded_fixture(tmp_path_factory) -> Path:
                                 ignore=shutil.ignore_patterns("_build", "_recorded")))
     assert record.main(["--root", str(root), "--allow-cpu"]) == 0
     return root
-
-
-def recorded_files(root: Path) -> dict[str, bytes]:
-    folder = root / "book" / "_recorded"
-    return {p.relative_to(folder).as_posix(): p.read_bytes()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.mark.slow

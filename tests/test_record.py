@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import recorded_files
 from gpuinfer.publish import record, recordings
 
 FIXTURE = Path(__file__).parent / "fixtures" / "book"
@@ -392,7 +393,7 @@ def test_interrupt_or_kill_keeps_the_previous_recording(book, tmp_path, sig, cap
     """...and, while the first runs, a second recorder on the book is refused; a kill
     leaves no kernel connection file (it holds the kernel's key) outside the run's scratch
     folder, which the next run removes."""
-    before = recording_files(book)
+    before = recorded_files(book)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     path = chapter_file(book, "ch_b")
@@ -430,7 +431,7 @@ def test_interrupt_or_kill_keeps_the_previous_recording(book, tmp_path, sig, cap
             assert noise not in out, out
         seconds = float(re.search(r"\| ch_b \| interrupted \| ([\d.]+) \|", out).group(1))
         assert seconds > 0
-    assert recording_files(book) == before
+    assert recorded_files(book) == before
     assert no_scratch_files(book)
     outside = [p for p in tmp.rglob("*.json") if not p.relative_to(tmp).parts[0].startswith(
         "gpuinfer-")]
@@ -444,19 +445,13 @@ def test_interrupt_or_kill_keeps_the_previous_recording(book, tmp_path, sig, cap
         assert not [p for p in tmp.glob(f"{env.SCRATCH_PREFIX}*")], list(tmp.iterdir())
 
 
-def recording_files(root: Path) -> dict[str, bytes]:
-    folder = root / "book" / "_recorded"
-    return {p.relative_to(folder).as_posix(): p.read_bytes()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 @pytest.mark.slow
 def test_a_fault_between_the_two_renames_keeps_the_previous_pair(book, capsys, monkeypatch):
     """A full disk at the rename that puts the new artifacts in place, after the old folder
     went aside: the notebook and its artifacts are the previous run's, byte for byte."""
     from gpuinfer.publish import store
 
-    before = recording_files(book)
+    before = recorded_files(book)
     assert "ch_a/trace.json.gz" in before
     calls, real = [], os.replace
 
@@ -471,7 +466,7 @@ def test_a_fault_between_the_two_renames_keeps_the_previous_pair(book, capsys, m
     out = capsys.readouterr().out
     assert "FAILED" in out and "No space left on device" in out
     assert "the previous recording is kept" in out
-    assert recording_files(book) == before
+    assert recorded_files(book) == before
     assert recordings.status(book, "ch_a", accept_cpu=True).fresh
 
 

@@ -74,11 +74,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: no such notebook {path}", file=sys.stderr)
             return 2
         try:  # a notebook nbformat validates: glued_values can then walk it
-            recordings._validate(json.loads(path.read_bytes().decode("utf8")))
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError too
-            reason = "it nests too deeply" if isinstance(exc, RecursionError) else exc
-            print(f"error: {path} is not a notebook ({reason}); give two recordings "
-                  "(.ipynb) of one chapter", file=sys.stderr)
+            recordings.load_notebook(path)
+        except ValueError as exc:
+            print(f"error: {path} is not a notebook ({exc}); give two recordings (.ipynb) "
+                  "of one chapter", file=sys.stderr)
             return 2
     rows = compare(args.baseline, args.yours)
     print(f"baseline: {args.baseline} ({provenance(args.baseline)})")

@@ -377,13 +377,11 @@ def recorded_on(meta: dict) -> str:
     return f"{where}, {meta.get('date', '?')}"
 
 
-def read_recording(recording: Path):
-    """The recording as an nbformat notebook, once checked (`check_recording`); ValueError,
-    saying what is wrong and where, when it is unreadable or damaged, OSError when it
-    cannot be read at all."""
-    import nbformat
-
-    data = Path(recording).read_bytes()
+def load_notebook(path: Path) -> dict:
+    """A notebook file as the dict its JSON holds, once nbformat validates it; ValueError,
+    saying what is wrong and where, when it is not one (not UTF-8, not JSON, nested past
+    the parser's depth, not a valid nbformat 4 notebook), OSError when it cannot be read."""
+    data = Path(path).read_bytes()
     try:
         raw = json.loads(data.decode("utf8"))
     except UnicodeDecodeError as exc:
@@ -392,9 +390,19 @@ def read_recording(recording: Path):
         raise ValueError("its JSON nests too deeply to be a notebook") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc}") from None
-    _validate(raw)  # before nbformat's reader, which trips over bad structure
-    try:
-        nb = nbformat.reads(data.decode("utf8"), as_version=4)
+    _validate(raw)
+    return raw
+
+
+def read_recording(recording: Path):
+    """The recording as an nbformat notebook, once checked (`load_notebook`, then
+    `check_recording`); ValueError, saying what is wrong and where, when it is unreadable or
+    damaged, OSError when it cannot be read at all."""
+    import nbformat.v4
+
+    raw = load_notebook(recording)  # before nbformat's reader, which trips over bad structure
+    try:  # the parsed dict as nbformat's v4 reader turns it into a notebook (lines joined)
+        nb = nbformat.v4.to_notebook_json(raw)
     except Exception as exc:  # valid, yet unreadable: say so rather than crash a build
         raise ValueError(f"not a readable notebook: {str(exc).splitlines()[0][:200]}") \
             from None

@@ -58,18 +58,17 @@ def check_artifacts_folder(root: Path, chapter_paths) -> None:
         return
     folder = Path(value)
     if not folder.is_absolute():
-        stop(f"GPUINFER_ARTIFACTS={value} is a relative path, which each chapter "
-                        "would take from its own folder, inside the book: unset it (a build "
-                        "keeps a preview's artifacts in a temporary folder) or give an "
-                        "absolute folder outside the book's chapters")
+        stop(f"GPUINFER_ARTIFACTS={value} is a relative path, which each chapter would take "
+             "from its own folder, inside the book: unset it (a build keeps a preview's "
+             "artifacts in a temporary folder) or give an absolute folder outside the book's "
+             "chapters")
     for chapter_dir in sorted({Path(p).parent.resolve() for p in chapter_paths}):
         if folder.resolve().is_relative_to(chapter_dir):
             shown = chapter_dir.relative_to(root.resolve()).as_posix() \
                 if chapter_dir.is_relative_to(root.resolve()) else str(chapter_dir)
-            stop(f"GPUINFER_ARTIFACTS={value} lies in the book's chapter folder "
-                            f"{shown}/, where a preview would overwrite recorded artifacts "
-                            f"({shown}/_recorded/) or add files: unset it, or give a folder "
-                            "outside the book's chapters")
+            stop(f"GPUINFER_ARTIFACTS={value} lies in the book's chapter folder {shown}/, "
+                 f"where a preview would overwrite recorded artifacts ({shown}/_recorded/) "
+                 "or add files: unset it, or give a folder outside the book's chapters")
 
 
 def myst_nb_notebook(app, path: Path):
