@@ -4,8 +4,8 @@ the code path with the host clock. On the GPU the chapters check the numbers the
 import pytest
 import torch
 
-from gpuinfer import ceilings
-from gpuinfer.timing import HostClockWarning, Timing
+from gpuinfer.measure import ceilings
+from gpuinfer.measure.timing import HostClockWarning, Timing
 
 
 def test_copy_bandwidth_on_the_cpu():

@@ -1,4 +1,4 @@
-"""The corpus of installed Python sources (gpuinfer.corpus): finding the files, holding some
+"""The corpus of installed Python sources (gpuinfer.model.corpus): finding the files, holding some
 out, a byte-level tokenizer that gives back the exact text, EOT between files."""
 
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpuinfer.corpus import (EOT, build, decode, encode, held_out, python_files, read_text,
-                             train_tokenizer, version)
+from gpuinfer.model.corpus import (EOT, build, decode, encode, held_out, python_files,
+                                   read_text, train_tokenizer, version)
 
 
 @pytest.fixture(scope="module")

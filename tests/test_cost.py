@@ -1,9 +1,9 @@
-"""The byte and FLOP accounting of a decode step (gpuinfer.cost), against hand-computed values."""
+"""The byte and FLOP accounting of a decode step (gpuinfer.model.cost), against hand-computed values."""
 
 import pytest
 
-from gpuinfer import cost as C
-from gpuinfer.llama import build_model, model_config
+from gpuinfer.model import cost as C
+from gpuinfer.model.configs import build_model, model_config
 
 # The reduced config, by hand: 2 layers, hidden 64, 4 query / 2 key-value heads of 16,
 # MLP 256, vocab 512, tied embeddings.

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from gpuinfer import decode, steps
-from gpuinfer.llama import build_model, model_config, random_prompt
+from gpuinfer.decode import loops as decode
+from gpuinfer.measure import steps
+from gpuinfer.model.configs import build_model, model_config, random_prompt
 
 NEW_TOKENS = 24
 

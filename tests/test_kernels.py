@@ -23,11 +23,11 @@ if not torch.cuda.is_available():
 
     use_interpreter()  # before the kernel modules are imported (decorated)
 
-from gpuinfer.kernels import argmax as am  # noqa: E402
+from gpuinfer.kernels import embed_head as am  # noqa: E402
 from gpuinfer.kernels import attention as at  # noqa: E402
 from gpuinfer.kernels import common  # noqa: E402
 from gpuinfer.kernels import quant  # noqa: E402
-from gpuinfer.kernels import rotary  # noqa: E402
+from gpuinfer.kernels import qkv_rope as rotary  # noqa: E402
 from gpuinfer.kernels.gemv import GemvConfig, gemv, gemv_reference  # noqa: E402
 from gpuinfer.kernels.gemv import gemv_silu, gemv_silu_reference  # noqa: E402
 
@@ -352,7 +352,7 @@ def test_int8_lm_head_argmax():
 AOT_SCRIPT = """
 import contextlib, io, sys, torch
 from gpuinfer.kernels import aot
-from gpuinfer.kernels.argmax import embed
+from gpuinfer.kernels.embed_head import embed
 code = aot.main()
 t = lambda *shape, dt=torch.bfloat16: torch.empty(shape, dtype=dt)
 print("sm_80 with PDL:", end=" ")

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from gpuinfer import launch
+from gpuinfer.measure import launch
 
 
 def test_chain_is_k_alternating_ops():

@@ -1,9 +1,10 @@
-"""The book's models (gpuinfer.llama): the config table, the builder, the prompt."""
+"""The book's models (gpuinfer.model.configs): the config table, the builder, the prompt."""
 
 import pytest
 import torch
 
-from gpuinfer.llama import CONFIGS, build_model, head_dim, model_config, random_prompt
+from gpuinfer.model.configs import (CONFIGS, build_model, head_dim, model_config,
+                                    random_prompt)
 
 
 def test_every_config_builds_with_its_parameter_count():

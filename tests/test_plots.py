@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 
 from PIL import Image  # noqa: E402
 
-from gpuinfer import plots  # noqa: E402
-from gpuinfer.plots import Point, Roof, describe, plt, roofline_plot  # noqa: E402
+from gpuinfer.report import plots  # noqa: E402
+from gpuinfer.report.plots import Point, Roof, describe, plt, roofline_plot  # noqa: E402
 
 
 def test_describe_reads_titles_labels_scales_and_legend():

@@ -1,4 +1,4 @@
-"""Recording traces (gpuinfer.profiling): one profiler session for every caller, the trimmed
+"""Recording traces (gpuinfer.measure.profiling): one profiler session for every caller, the trimmed
 trace of a decode loop, and kernel durations, on the CPU (and on the GPU where marked)."""
 
 from pathlib import Path
@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpuinfer import profiling as P
-from gpuinfer.decode import decode_no_sync
-from gpuinfer.llama import build_model, model_config, random_prompt
-from gpuinfer.trace import step_events, step_stats
-from gpuinfer.trace_tables import top_ops
+from gpuinfer.decode.loops import decode_no_sync
+from gpuinfer.measure import profiling as P
+from gpuinfer.model.configs import build_model, model_config, random_prompt
+from gpuinfer.report.trace import step_events, step_stats
+from gpuinfer.report.trace_tables import top_ops
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decode_trace.json"
 
@@ -73,7 +73,7 @@ def test_profiled_kernel_times_cpu():
 
 @pytest.mark.gpu
 def test_events_agree_with_profiler_on_gpu():
-    from gpuinfer.timing import benchmark
+    from gpuinfer.measure.timing import benchmark
 
     x = torch.randn(1 << 28, device="cuda")
     event = benchmark(lambda: x * 2.0, repeats=20).median

@@ -2,7 +2,7 @@
 
 import torch
 
-from gpuinfer.quality import LogitAgreement, agreement_markdown, compare_logits
+from gpuinfer.measure.quality import LogitAgreement, agreement_markdown, compare_logits
 
 
 def test_compare_logits_measures_the_largest_difference_and_top1():

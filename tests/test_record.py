@@ -354,7 +354,7 @@ def test_prose_edits_keep_a_recording_and_code_or_package_edits_stale_it(book, t
     assert recordings.status(book, "ch_a", accept_cpu=True, package_dir=pkg).fresh
     plots.write_text(source.replace("SMALL_TEXT = 8.5", "SMALL_TEXT = 9.5", 1))  # a constant
     st = recordings.status(book, "ch_a", accept_cpu=True, package_dir=pkg)
-    assert st.state == "stale" and "gpuinfer/plots.py" in st.message
+    assert st.state == "stale" and "gpuinfer/report/plots.py" in st.message
 
 
 def test_a_module_hashes_as_parsed_without_docstrings_or_comments():

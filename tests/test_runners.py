@@ -1,4 +1,4 @@
-"""How a decode step is run (gpuinfer.runners): the modes, their runners, generate, and the
+"""How a decode step is run (gpuinfer.decode.runners): the modes, their runners, generate, and the
 single-step timing and profiling; on a GPU, graph replay and torch.compile give the same
 tokens as the eager step."""
 
@@ -9,12 +9,11 @@ import os
 import pytest
 import torch
 
-from gpuinfer import runners
-from gpuinfer import static_decode as sd
-from gpuinfer.decode import decode_naive
-from gpuinfer.llama import build_model, model_config, random_prompt
-from gpuinfer.profiling import load_trace
-from gpuinfer.trace import step_stats
+from gpuinfer.decode import runners, static as sd
+from gpuinfer.decode.loops import decode_naive
+from gpuinfer.measure.profiling import load_trace
+from gpuinfer.model.configs import build_model, model_config, random_prompt
+from gpuinfer.report.trace import step_stats
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -216,7 +215,7 @@ def test_head_start_queues_every_graphed_step(workload):
 
 @pytest.mark.gpu
 def test_compiled_teacher_forcing_matches_the_eager_step(workload):
-    from gpuinfer.quality import compare_logits, forced_decoder_logits
+    from gpuinfer.measure.quality import compare_logits, forced_decoder_logits
 
     model, prompt, reference = workload
     decoder = sd.StaticDecoder(model, 1, 64)

@@ -1,4 +1,4 @@
-"""Chapter 4's experiments (gpuinfer.scale) on the CPU: our decoder's tokens against the
+"""Chapter 4's experiments (gpuinfer.experiments.scale) on the CPU: our decoder's tokens against the
 reference loop, the measurement helpers, the batch sweep."""
 
 import contextlib
@@ -6,14 +6,14 @@ import contextlib
 import pytest
 import torch
 
-from gpuinfer import runners
-from gpuinfer import scale as sc
-from gpuinfer.cost import ModelShape, step_cost
-from gpuinfer.decode import decode_naive, generate_new_tokens
-from gpuinfer.llama import build_model, model_config, random_prompt
-from gpuinfer.timing import decode_rounds
+from gpuinfer.decode import runners
+from gpuinfer.decode.loops import decode_naive, generate_new_tokens
+from gpuinfer.experiments import scale as sc
+from gpuinfer.measure.timing import decode_rounds
+from gpuinfer.model.configs import build_model, model_config, random_prompt
+from gpuinfer.model.cost import ModelShape, step_cost
 
-pytestmark = pytest.mark.filterwarnings("ignore::gpuinfer.timing.HostClockWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::gpuinfer.measure.timing.HostClockWarning")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_first_call_reports_failure_instead_of_raising():
 
 
 def test_profile_generate_marks_the_call():
-    from gpuinfer.trace import step_stats
+    from gpuinfer.report.trace import step_stats
 
     model = build_model(model_config("reduced"), seed=0)
     prompt = random_prompt(model.config, 8, seed=1)

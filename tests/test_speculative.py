@@ -4,10 +4,9 @@ them, verify passes that equal one-token steps, and clear errors."""
 import pytest
 import torch
 
-from gpuinfer import runners
-from gpuinfer import speculative as sp
-from gpuinfer.llama import build_model, model_config, random_prompt
-from gpuinfer.static_decode import StaticDecoder
+from gpuinfer.decode import runners, speculative as sp
+from gpuinfer.decode.static import StaticDecoder
+from gpuinfer.model.configs import build_model, model_config, random_prompt
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NEW = 30

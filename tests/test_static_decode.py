@@ -5,10 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpuinfer import runners
-from gpuinfer import static_decode as sd
-from gpuinfer.decode import decode_kv_cache, decode_naive
-from gpuinfer.llama import build_model, model_config, random_prompt
+from gpuinfer.decode import runners, static as sd
+from gpuinfer.decode.loops import decode_kv_cache, decode_naive
+from gpuinfer.model.configs import build_model, model_config, random_prompt
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -139,7 +138,7 @@ def test_fullgraph_traces_the_final_step_and_rejects_the_draft(workload):
 def test_teacher_forced_steps_give_the_models_logits(workload):
     """step_logits runs the step on a given token: fed the reference's own tokens, the
     decoder's logits are the transformers model's, step after step."""
-    from gpuinfer.quality import compare_logits, forced_decoder_logits, forced_logits
+    from gpuinfer.measure.quality import (compare_logits, forced_decoder_logits, forced_logits)
 
     model, prompt, reference = workload
     decoder = sd.StaticDecoder(model, 1, 64)

@@ -5,9 +5,9 @@ import warnings
 import pytest
 import torch
 
-from gpuinfer import timing
-from gpuinfer.timing import (HostClockWarning, Rounds, Timing, benchmark, decode_rounds,
-                             interleaved_rounds)
+from gpuinfer.measure import timing
+from gpuinfer.measure.timing import (HostClockWarning, Rounds, Timing, benchmark,
+                                     decode_rounds, interleaved_rounds)
 
 
 def test_wall_seconds_returns_the_result_and_its_time():
@@ -147,7 +147,7 @@ def test_overlapping_spreads_are_the_same_within_noise():
 def test_decode_rounds_subtract_the_first_token(monkeypatch):
     # A fake generation of n tokens that takes 10 ms of prefill and 2 ms per further token.
     now = [0.0]
-    monkeypatch.setattr("gpuinfer.timing.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("gpuinfer.measure.timing.time.perf_counter", lambda: now[0])
 
     def fake(prompt, n):
         now[0] += (10 + 2 * (n - 1)) / 1e3

@@ -1,4 +1,4 @@
-"""Reading a profiler trace (gpuinfer.trace), on a hand-made Chrome trace.
+"""Reading a profiler trace (gpuinfer.report.trace), on a hand-made Chrome trace.
 
 `fixtures/decode_trace.json` holds a prefill and two decode steps (times in microseconds):
 
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuinfer import trace as T
-from gpuinfer.profiling import load_trace
+from gpuinfer.measure.profiling import load_trace
+from gpuinfer.report import trace as T
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decode_trace.json"
 

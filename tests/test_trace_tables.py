@@ -1,11 +1,11 @@
-"""The tables of a trace (gpuinfer.trace_tables), on the hand-made trace of test_trace.py."""
+"""The tables of a trace (gpuinfer.report.trace_tables), on the hand-made trace of test_trace.py."""
 
 from pathlib import Path
 
 import pytest
 
-from gpuinfer import trace_tables as TT
-from gpuinfer.profiling import load_trace
+from gpuinfer.measure.profiling import load_trace
+from gpuinfer.report import trace_tables as TT
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decode_trace.json"
 

@@ -1,11 +1,11 @@
-"""Timelines drawn from a trace (gpuinfer.traceplot), on the hand-made trace of test_trace.py."""
+"""Timelines drawn from a trace (gpuinfer.report.traceplot), on the hand-made trace of test_trace.py."""
 
 from pathlib import Path
 
 import pytest
 
-from gpuinfer import traceplot
-from gpuinfer.profiling import load_trace
+from gpuinfer.measure.profiling import load_trace
+from gpuinfer.report import traceplot
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decode_trace.json"
 

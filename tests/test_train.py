@@ -1,13 +1,14 @@
-"""Training a small Llama (gpuinfer.train) on the CPU: a stream with a pattern to learn, the
+"""Training a small Llama (gpuinfer.model.train) on the CPU: a stream with a pattern to learn, the
 random windows, the held-out loss and greedy text from the trained model."""
 
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from gpuinfer.corpus import EOT, decode
-from gpuinfer.llama import build_model, model_config
-from gpuinfer.train import TrainLog, batches, greedy_text, heldout_loss, learning_rate, train
+from gpuinfer.model.configs import build_model, model_config
+from gpuinfer.model.corpus import EOT, decode
+from gpuinfer.model.train import (TrainLog, batches, greedy_text, heldout_loss,
+                                  learning_rate, train)
 
 VOCAB = 64
 

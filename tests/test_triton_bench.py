@@ -9,13 +9,13 @@ if not torch.cuda.is_available():
 
     use_interpreter()  # before the kernel modules are imported (decorated)
 
-from gpuinfer import triton_bench as tb  # noqa: E402
+from gpuinfer.experiments import triton_bench as tb  # noqa: E402
 from gpuinfer.kernels.gemv import GemvConfig  # noqa: E402
 from gpuinfer.kernels.quant import quantize_int8  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # on the CPU the host clock times them, and says so: expected here
-pytestmark = pytest.mark.filterwarnings("ignore::gpuinfer.timing.HostClockWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::gpuinfer.measure.timing.HostClockWarning")
 SMALL = GemvConfig(32, 64)
 
 
@@ -83,7 +83,7 @@ def tiny_bf16_llama():
 
 
 def test_gemv_chain_runs_each_product_of_the_step_once_a_call(monkeypatch):
-    from gpuinfer.triton_decode import TritonDecoder
+    from gpuinfer.decode.triton_step import TritonDecoder
 
     decoder = TritonDecoder(tiny_bf16_llama(), capacity=16)
     shapes = []
@@ -103,7 +103,7 @@ def test_gemv_chain_runs_each_product_of_the_step_once_a_call(monkeypatch):
 
 
 def test_gemv_chain_of_int8_weights_has_no_library_variant():
-    from gpuinfer.triton_decode import TritonDecoder
+    from gpuinfer.decode.triton_step import TritonDecoder
 
     decoder = TritonDecoder(tiny_bf16_llama(), capacity=16, quantize=quantize_int8)
     tb.gemv_chain(decoder, "ours")()
@@ -115,7 +115,7 @@ def test_gemv_chain_of_int8_weights_has_no_library_variant():
 def test_gemv_chain_by_inductor_computes_the_products(monkeypatch, quantize):
     """Inductor's chain: every product of the step, int8 ones as gpt-fast's weight-only
     linear, each shape compiled once."""
-    from gpuinfer.triton_decode import TritonDecoder
+    from gpuinfer.decode.triton_step import TritonDecoder
 
     compiled_shapes = []
     eager_compile(monkeypatch, compiled_shapes)
@@ -149,7 +149,7 @@ def test_gemv_chain_by_inductor_computes_the_products(monkeypatch, quantize):
 
 def test_row_tiling_counts_the_paired_matrices_in_rows():
     from gpuinfer.kernels.tiling import PAIRED
-    from gpuinfer.triton_decode import TritonDecoder
+    from gpuinfer.decode.triton_step import TritonDecoder
 
     decoder = TritonDecoder(tiny_bf16_llama(), capacity=16)
     for name, config in decoder.configs.items():

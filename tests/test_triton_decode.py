@@ -17,11 +17,11 @@ if not torch.cuda.is_available():
 
     use_interpreter()  # before the kernel modules are imported (decorated)
 
-from gpuinfer import cost  # noqa: E402
-from gpuinfer.decode import decode_naive  # noqa: E402
+from gpuinfer.decode.loops import decode_naive  # noqa: E402
+from gpuinfer.decode.triton_step import TritonDecoder  # noqa: E402
 from gpuinfer.kernels.gemv import GemvConfig  # noqa: E402
 from gpuinfer.kernels.quant import quantize_int8  # noqa: E402
-from gpuinfer.triton_decode import TritonDecoder  # noqa: E402
+from gpuinfer.model import cost  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -179,7 +179,7 @@ def test_int8_bytes_and_state(fp32_model):
     norms = 2 * cfg.hidden_size * (2 * layers + 1)
     kv = 2 * layers * cfg.num_key_value_heads * d * 2 * (5 + 2)
     assert decoder.step_bytes(5) == matrices + norms + 2 * cfg.hidden_size + kv
-    # the same as the accounting of gpuinfer.cost (whose context counts the new slot)
+    # the same as the accounting of gpuinfer.model.cost (whose context counts the new slot)
     parts = cost.int8_bytes_by_part(cost.ModelShape.of(cfg), context=5 + 1, itemsize=2)
     assert decoder.step_bytes(5) == sum(parts.values())
     assert decoder.lm_head.q.data_ptr() != decoder.embed.data_ptr()

@@ -26,15 +26,15 @@ import traceback
 import torch
 import triton
 
-from gpuinfer import triton_bench as tb
-from gpuinfer.kernels.argmax import ArgmaxWorkspace
+from gpuinfer.decode.triton_step import TritonDecoder
+from gpuinfer.experiments import triton_bench as tb
 from gpuinfer.kernels.attention import AttentionWorkspace
 from gpuinfer.kernels.common import Workspace
+from gpuinfer.kernels.embed_head import ArgmaxWorkspace
 from gpuinfer.kernels.gemv import GemvConfig
 from gpuinfer.kernels.quant import quantize_int8
 from gpuinfer.kernels.tiling import GEMVS, alone_configs
-from gpuinfer.llama import build_model, model_config
-from gpuinfer.triton_decode import TritonDecoder
+from gpuinfer.model.configs import build_model, model_config
 
 T0 = time.time()
 OUT = os.environ.get("OUT", "/tmp")

@@ -31,12 +31,12 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from gpuinfer.decode.triton_step import TritonDecoder
 from gpuinfer.kernels.attention import AttentionWorkspace, decode_attention
 from gpuinfer.kernels.common import Workspace, pdl_supported
 from gpuinfer.kernels.gemv import GemvConfig, gemv
 from gpuinfer.kernels.quant import linear, quantize_int8
 from gpuinfer.kernels.tiling import default_configs
-from gpuinfer.triton_decode import TritonDecoder
 
 T0 = time.time()
 COPY_RATE = 4.23e12  # B/s, the H200's measured device-to-device copy rate

@@ -3,7 +3,7 @@ query tokens, per way of computing them, on Chapter 6's target shapes (hidden 10
 layers, GQA 16/4, MLP 2816, vocabulary 8192). Sums one layer's products x 16 + lm_head."""
 import sys
 import torch
-from gpuinfer.timing import benchmark_graph, fresh_inputs
+from gpuinfer.measure.timing import benchmark_graph, fresh_inputs
 
 SHAPES = {"qkv": (1536, 1024), "o": (1024, 1024), "gate_up": (5632, 1024),
           "down": (1024, 2816), "lm_head": (8192, 1024)}

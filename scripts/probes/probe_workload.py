@@ -12,10 +12,9 @@ import time
 
 import torch
 
-from gpuinfer import decode as dec
-from gpuinfer import static_decode as sd
-from gpuinfer.llama import build_model, random_prompt, tiny_llama_config
-from gpuinfer.scale import generate_new_tokens
+from gpuinfer.decode import loops as dec, static as sd
+from gpuinfer.experiments.scale import generate_new_tokens
+from gpuinfer.model.configs import build_model, random_prompt, tiny_llama_config
 
 OUT = os.environ.get("OUT", "/tmp")
 LOG = open(os.path.join(OUT, "probe_workload.jsonl"), "a")
@@ -122,7 +121,7 @@ for M in (1, 8, 16, 32, 64):
          api={k: (len(v) / 5, statistics.median(v)) for k, v in api.items()})
 
 # ---- the compiled K=1 chain (Chapter 3): per-call host cost ----
-from gpuinfer import launch
+from gpuinfer.measure import launch
 
 x = torch.randn(2**12, device="cuda")
 

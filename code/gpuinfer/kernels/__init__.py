@@ -16,5 +16,5 @@ reference that computes the same thing with FP32 accumulation.
 - aot: compile the kernels for sm_80, sm_89 and sm_90 without a GPU, to read their
   registers and spills
 
-`gpuinfer.triton_decode.TritonDecoder` launches them as a whole decode step.
+`gpuinfer.decode.triton_step.TritonDecoder` launches them as a whole decode step.
 """

@@ -127,11 +127,11 @@ def compile_step(configs: dict, *, pdl: bool | None = None, inline: bool = True,
     default) for sm_<capability> with the GEMV `configs` ({name: GemvConfig}), its
     matrices int8 if `int8`, attention once for each tiling in `attns`, PDL as the book
     sets it there unless `pdl` says; one row (name, resource_usage) per kernel."""
-    from gpuinfer.kernels.argmax import embed, lm_head_argmax
+    from gpuinfer.kernels.embed_head import embed, lm_head_argmax
     from gpuinfer.kernels.attention import decode_attention
     from gpuinfer.kernels.gemv import gemv, gemv_silu
     from gpuinfer.kernels.quant import Int8Matrix
-    from gpuinfer.kernels.rotary import qkv_rope
+    from gpuinfer.kernels.qkv_rope import qkv_rope
 
     def t(*shape, dt=dtype):  # never touched: only its dtype and address matter
         return torch.empty(shape, dtype=dt)

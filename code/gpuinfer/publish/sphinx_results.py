@@ -2,7 +2,7 @@
 
 The directive `{decode-results}` renders one table of every decode variant the chapters
 measure (with `:fastest:`, only the fastest of each chapter, for the intro), read at build
-time from the values each chapter's recording glued under `gpuinfer.results.GLUE_NAME`: no
+time from the values each chapter's recording glued under `gpuinfer.report.results.GLUE_NAME`: no
 number on that page is typed. A chapter whose recording is not fresh (missing, stale, a
 CPU run) is left out, so that the table never shows a number the chapter does not.
 """
@@ -18,10 +18,10 @@ from sphinx import addnodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
-from gpuinfer import results
 from gpuinfer.publish import recordings
 from gpuinfer.publish.compare import glued_values
 from gpuinfer.publish.sphinx_site import table
+from gpuinfer.report import results
 
 logger = logging.getLogger(__name__)
 HEADER = ["variant", "ms / token", "tokens / s", "GB/s", "of the floor", "× V0",

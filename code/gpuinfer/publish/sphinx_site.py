@@ -1,10 +1,10 @@
 """The site as a reader meets it: a Sphinx extension (listed in _config.yml).
 
-- `{gpu-spec-table}`: the datasheet table of gpuinfer.roofline, rendered at build time, so
+- `{gpu-spec-table}`: the datasheet table of gpuinfer.measure.roofline, rendered at build time, so
   that the appendix cannot drift from the numbers the chapters use.
 - The theme's download menu (top right of a page) gets the files a chapter page links for
   download from its recording (the executed notebook, profiler traces), next to the source.
-- Figures get alt text: gpuinfer.plots stores a description of every figure in its PNG, and
+- Figures get alt text: gpuinfer.report.plots stores a description of every figure in its PNG, and
   it becomes the <img alt> here (instead of the file's name).
 - Two fixes of the theme's page head, found by the browser test (tests/test_browser.py):
   the colour mode starts in "auto" (without it a first visit logs "Got invalid theme mode"),
@@ -19,7 +19,7 @@ from pathlib import Path
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
-from gpuinfer import roofline
+from gpuinfer.measure import roofline
 from gpuinfer.publish import recordings
 
 
@@ -60,7 +60,7 @@ def _fmt(value: float | None) -> str:
 
 
 class GPUSpecTable(SphinxDirective):
-    """The datasheet ceilings of gpuinfer.roofline.GPU_SPECS, with the BF16 ridge point."""
+    """The datasheet ceilings of gpuinfer.measure.roofline.GPU_SPECS, with the BF16 ridge point."""
 
     def run(self):
         root = Path(self.env.srcdir)
@@ -125,7 +125,7 @@ def add_download_buttons(app, pagename, templatename, context, doctree):
 # --- figures -------------------------------------------------------------------------------
 
 def png_description(path: Path) -> str | None:
-    """The 'Description' text chunk of a PNG (gpuinfer.plots writes one), or None."""
+    """The 'Description' text chunk of a PNG (gpuinfer.report.plots writes one), or None."""
     from PIL import Image
 
     try:

@@ -20,7 +20,7 @@ work and, in FP32, must produce exactly the same tokens.
   EOS ignored, with its default dynamic cache and with `cache_implementation="static"`:
   the baselines a reader would pick.
 
-Each loop iterates over `gpuinfer.steps.decode_steps(...)`, which marks every decode step
+Each loop iterates over `gpuinfer.measure.steps.decode_steps(...)`, which marks every decode step
 for the profiler and for `step_clock`.
 """
 
@@ -33,8 +33,8 @@ from typing import Callable
 import torch
 from transformers import DynamicCache, StaticCache
 
-from gpuinfer.llama import head_dim
-from gpuinfer.steps import annotate, decode_steps
+from gpuinfer.measure.steps import annotate, decode_steps
+from gpuinfer.model.configs import head_dim
 
 DecodeFn = Callable[[torch.nn.Module, torch.Tensor, int], torch.Tensor]
 

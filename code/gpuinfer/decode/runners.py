@@ -1,6 +1,6 @@
 """How a decode step is run: eagerly, compiled, captured in a CUDA graph, or both.
 
-`gpuinfer.static_decode.StaticDecoder` defines one decode step with fixed shapes and
+`gpuinfer.decode.static.StaticDecoder` defines one decode step with fixed shapes and
 addresses; this module runs it. A way of running it is a `Mode` value: compiled by
 `torch.compile` or not, with no graph, a graph captured by hand (`torch.cuda.CUDAGraph`), or
 the cudagraph trees of `mode="reduce-overhead"`, with or without programmatic dependent
@@ -22,10 +22,10 @@ from typing import Callable
 import torch
 from transformers import LlamaForCausalLM
 
-from gpuinfer import profiling
-from gpuinfer.static_decode import StaticDecoder, capacity_for
-from gpuinfer.steps import decode_steps
-from gpuinfer.timing import Timing, benchmark, capture_graph
+from gpuinfer.decode.static import StaticDecoder, capacity_for
+from gpuinfer.measure import profiling
+from gpuinfer.measure.steps import decode_steps
+from gpuinfer.measure.timing import Timing, benchmark, capture_graph
 
 NO_GRAPH, BY_HAND, TREES = "none", "by hand", "cudagraph trees"
 GRAPHS = (NO_GRAPH, BY_HAND, TREES)
@@ -253,7 +253,7 @@ def profile_steps(decoder: StaticDecoder, prompt_ids: torch.Tensor, mode: Mode,
                   path: str | None = None, *, steps: int = 20, warmup: int = 3,
                   head_start: bool = False) -> dict:
     """Profile `steps` decode steps run `mode` after a prefill and `warmup` untimed steps
-    (`gpuinfer.profiling.profile_steps`, which says what `head_start` does); return the
+    (`gpuinfer.measure.profiling.profile_steps`, which says what `head_start` does); return the
     Chrome trace, also written to `path` if given."""
     step = runner(decoder, mode)
     with torch.no_grad():

@@ -16,11 +16,11 @@ import torch
 import triton
 import triton.language as tl
 
+from gpuinfer.decode.static import rms_norm
 from gpuinfer.kernels.common import (arrive, check_pow2, launch_options, pdl_wait,
                                      round_to)
 from gpuinfer.kernels.gemv import GemvConfig, prefetch, rows_dot
 from gpuinfer.kernels.quant import Int8Matrix, matvec_fp32, unpack
-from gpuinfer.static_decode import rms_norm
 
 
 @triton.jit

@@ -41,16 +41,16 @@ import torch.nn.functional as F
 import triton
 from transformers import LlamaForCausalLM
 
-from gpuinfer.kernels.argmax import ArgmaxWorkspace, embed, lm_head_argmax
+from gpuinfer.decode.static import layer_weights, rms_norm, rotate_half
 from gpuinfer.kernels.attention import AttentionWorkspace, decode_attention
 from gpuinfer.kernels.common import INTERPRETED, Workspace, pdl_supported
+from gpuinfer.kernels.embed_head import ArgmaxWorkspace, embed, lm_head_argmax
 from gpuinfer.kernels.gemv import GemvConfig, gemv, gemv_silu
+from gpuinfer.kernels.qkv_rope import qkv_rope
 from gpuinfer.kernels.quant import Int8Matrix, linear, unpack
-from gpuinfer.kernels.rotary import qkv_rope
 from gpuinfer.kernels.tiling import GEMVS, PAIRED, default_attention, default_configs
-from gpuinfer.llama import head_dim
-from gpuinfer.static_decode import layer_weights, rms_norm, rotate_half
-from gpuinfer.timing import capture_graph
+from gpuinfer.measure.timing import capture_graph
+from gpuinfer.model.configs import head_dim
 
 class TritonDecoder:
     """Greedy batch-1 decoding of a LlamaForCausalLM with Triton kernels.

@@ -19,11 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
+from gpuinfer.decode.static import rms_norm, rotate_half
 from gpuinfer.kernels.common import (Workspace, launch_options, pdl_wait, round_to,
                                      split_k_sum)
 from gpuinfer.kernels.gemv import GemvConfig, prefetch, rows_dot, workspace_for
 from gpuinfer.kernels.quant import Int8Matrix, matvec_fp32, unpack
-from gpuinfer.static_decode import rms_norm, rotate_half
 
 
 @triton.jit

@@ -2,7 +2,7 @@
 
 Chapter 6 needs a target and a draft model that agree often enough for speculative
 decoding to pay, and random weights agree on nothing. So it trains both, minutes on one
-GPU, on the corpus of `gpuinfer.corpus`. The recipe is the usual one for small language
+GPU, on the corpus of `gpuinfer.model.corpus`. The recipe is the usual one for small language
 models: random windows of the stream, AdamW, a linear warmup then a cosine decay of the
 learning rate, gradients clipped, BF16 autocast on the GPU.
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gpuinfer.corpus import decode
 from gpuinfer.env import sync
+from gpuinfer.model.corpus import decode
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from gpuinfer.static_decode import StaticDecoder, attention, fold_mask, rms_norm, rotate_half
-from gpuinfer.timing import capture_graph
+from gpuinfer.decode.static import (StaticDecoder, attention, fold_mask, rms_norm,
+                                    rotate_half)
+from gpuinfer.measure.timing import capture_graph
 
 REFRESH = (-1, 0)  # the draft's first step of a pass: slots pos - 1 and pos
 MAX_QUERY = 17  # the most tokens a verify pass takes: up to k = 16 proposals

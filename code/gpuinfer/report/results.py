@@ -1,6 +1,6 @@
 """One row per decode variant: the end-to-end table of a chapter, and the book's results page.
 
-A chapter times its variants in interleaved rounds (`gpuinfer.timing.interleaved_rounds`),
+A chapter times its variants in interleaved rounds (`gpuinfer.measure.timing.interleaved_rounds`),
 turns the rounds into rows (`from_rounds`: ms per token, speed-ups over its naive loop and
 over stock `generate()`, each with its range over the rounds), shows them (`markdown`) and
 glues `dumps(rows)` under the name `GLUE_NAME`. The results page
@@ -14,7 +14,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from gpuinfer.timing import Rounds
+from gpuinfer.measure.timing import Rounds
 
 GLUE_NAME = "decode_results"
 

@@ -9,7 +9,7 @@ and the decode step walked along the roofline by batch size.
   `transformers` documentation's compile recipe (`docs_compiled_forward`); a profile of a
   whole generation (`profile_generate`).
 - The batch roofline: `batch_sweep` times one step per batch size (the arithmetic of the
-  roofline is `gpuinfer.cost`'s).
+  roofline is `gpuinfer.model.cost`'s).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import LlamaForCausalLM
 
-from gpuinfer import profiling, runners
-from gpuinfer import roofline as rl
-from gpuinfer.cost import ModelShape, step_cost
-from gpuinfer.llama import random_prompt
-from gpuinfer.static_decode import StaticDecoder, capacity_for
-from gpuinfer.steps import annotate
-from gpuinfer.timing import Timing, wall_seconds
+from gpuinfer.decode import runners
+from gpuinfer.decode.static import StaticDecoder, capacity_for
+from gpuinfer.measure import profiling, roofline as rl
+from gpuinfer.measure.steps import annotate
+from gpuinfer.measure.timing import Timing, wall_seconds
+from gpuinfer.model.configs import random_prompt
+from gpuinfer.model.cost import ModelShape, step_cost
 
 # At this size, in BF16, the fused attention kernel was faster on the H200 than transformers'
 # eager attention (two matmuls and a softmax, Chapter 3's choice for its FP32 model).
@@ -126,7 +126,7 @@ def first_call(name: str, generate: GenerateFn, prompt_ids: torch.Tensor, new_to
 def profile_generate(generate: GenerateFn, prompt_ids: torch.Tensor, new_tokens: int,
                      name: str = "generate") -> dict:
     """A trace of one generation, after a warm-up one, inside a range `name` that the
-    analysis of `gpuinfer.trace` takes for one "step" (pass it as step_name)."""
+    analysis of `gpuinfer.report.trace` takes for one "step" (pass it as step_name)."""
     generate(prompt_ids, new_tokens)
     with profiling.session() as recorded, annotate(name):
         generate(prompt_ids, new_tokens)

@@ -1,12 +1,12 @@
 """A profiler timeline drawn from a Chrome trace, in the spirit of a Perfetto view.
 
-`plot_timeline` draws a few decode steps of a trace (read with `gpuinfer.trace`) as lanes
+`plot_timeline` draws a few decode steps of a trace (read with `gpuinfer.report.trace`) as lanes
 sharing one time axis: the decode steps, the ATen ops the Python code called (CPU), the CUDA
 API calls they made (CPU), and the kernels and copies that ran on the GPU. A second panel zooms
 into a short window, where single launches, the kernels they start (joined by a line, like
 Perfetto's flow arrows) and the idle gaps between them can be seen. `plot_step_kernels` puts
 the GPU lane of one step of several traces one above the other, to compare their gaps.
-Slices are coloured by what they compute (`gpuinfer.trace.kind_of`).
+Slices are coloured by what they compute (`gpuinfer.report.trace.kind_of`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from gpuinfer import trace as T
-from gpuinfer.plots import PALETTE
-from gpuinfer.steps import STEP
+from gpuinfer.measure.steps import STEP
+from gpuinfer.report import trace as T
+from gpuinfer.report.plots import PALETTE
 
 COLORS = dict(zip(T.KINDS, [PALETTE[0], PALETTE[3], PALETTE[5], PALETTE[2], PALETTE[4],
                             "#D7191C", "#7F7F7F", "#BBBBBB"]))

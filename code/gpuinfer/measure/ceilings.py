@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from gpuinfer import roofline as rl
-from gpuinfer.timing import Timing, benchmark, benchmark_graph, fresh_inputs
+from gpuinfer.measure import roofline as rl
+from gpuinfer.measure.timing import Timing, benchmark, benchmark_graph, fresh_inputs
 
 # A small copy rotates over buffer pairs that touch 512 MiB together, over eight times the
 # 60 MB L2 of an H100/H200: by the time a pair comes round again, it has left the cache.

@@ -1,6 +1,6 @@
 """Reading a profiler trace: what the decode steps did, computed rather than read off by eye.
 
-A trace is the Chrome-trace JSON that `torch.profiler` writes (`gpuinfer.profiling` records
+A trace is the Chrome-trace JSON that `torch.profiler` writes (`gpuinfer.measure.profiling` records
 them), loaded as a dict. The parts used here:
 - `ph: "X"` events have a start `ts` and a duration `dur`, both in microseconds;
 - `cat: "cpu_op"`: an ATen operator on a CPU thread (`aten::mm`); they nest;
@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from gpuinfer.steps import STEP
+from gpuinfer.measure.steps import STEP
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 API_CATS = ("cuda_runtime", "cuda_driver")

@@ -14,7 +14,7 @@ and each step's input is a fresh tensor. `StaticDecoder` fixes them:
   from slot `pos` and writes its output token into slot `pos + 1`.
 
 One decode step is then a fixed sequence of kernels on fixed buffers. How it is run (eagerly,
-captured in a CUDA graph, compiled) is `gpuinfer.runners`' business, not the decoder's.
+captured in a CUDA graph, compiled) is `gpuinfer.decode.runners`' business, not the decoder's.
 
 The math is the `transformers` Llama forward, written out on the model's own weights (only
 the stacked q/k/v and gate/up matrices are new tensors), so that in fp32 the tokens equal
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
-from gpuinfer.llama import head_dim
+from gpuinfer.model.configs import head_dim
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -29,7 +29,7 @@ from gpuinfer.kernels.common import Workspace
 from gpuinfer.kernels.gemv import GemvConfig, gemv
 from gpuinfer.kernels.quant import Int8Matrix
 from gpuinfer.kernels.tiling import PAIRED
-from gpuinfer.timing import benchmark, benchmark_graph, capture_graph, fresh_inputs
+from gpuinfer.measure.timing import benchmark, benchmark_graph, capture_graph, fresh_inputs
 
 IMPLS = ("ours", "cuBLAS", "Inductor")
 RECOMPILE_LIMIT = 64  # matrix shapes Inductor's product may compile for, each its own

@@ -1,4 +1,4 @@
-"""Recording profiler traces with torch.profiler; `gpuinfer.trace` reads them.
+"""Recording profiler traces with torch.profiler; `gpuinfer.report.trace` reads them.
 
 Every trace of the book is recorded inside `session()`: CPU activity, and CUDA activity when
 there is a GPU, exported as a Chrome trace (the JSON that ui.perfetto.dev opens) and loaded
@@ -21,8 +21,9 @@ from typing import Callable
 import torch
 
 from gpuinfer.env import sync
-from gpuinfer.steps import STEP, decode_steps
-from gpuinfer.trace import API_CATS, GPU_CATS, Ranges, events, step_events, top_level_ops
+from gpuinfer.measure.steps import STEP, decode_steps
+from gpuinfer.report.trace import (API_CATS, GPU_CATS, Ranges, events, step_events,
+                                   top_level_ops)
 
 BODY = "profiled code"  # the range around the code a session() profiles
 
@@ -150,7 +151,7 @@ HEAD_START_CYCLES = 100_000_000
 def profile_steps(step: Callable[[], object], *, steps: int = 20,
                   head_start: bool = False) -> dict:
     """A trace of `steps` calls of `step`, each marked as a decode step (so that
-    `gpuinfer.trace` reads them), from a state the caller has prepared.
+    `gpuinfer.report.trace` reads them), from a state the caller has prepared.
 
     The profiler slows the host, a graph launch most of all, so that in its trace a short
     graphed step waits for its own launch. With `head_start`, a sleep kernel first holds the
@@ -192,7 +193,7 @@ def profiled_kernels(fn: Callable, *, repeats: int = 20,
 def profiled_kernel_ms(fn: Callable, *, repeats: int = 20, warmup: int = 3) -> list[float]:
     """Durations (ms) of the device kernels `fn` launches (`profiled_kernels`).
 
-    The cross-check of `gpuinfer.timing.benchmark`: for a kernel long enough that launch
+    The cross-check of `gpuinfer.measure.timing.benchmark`: for a kernel long enough that launch
     gaps do not matter, the CUDA-event time and the profiler's kernel time must agree.
     """
     return [ms for _, ms in profiled_kernels(fn, repeats=repeats, warmup=warmup)]

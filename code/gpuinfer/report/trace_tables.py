@@ -2,7 +2,7 @@
 
 `top_ops` lists the top-level ATen ops of the steps by their CPU time, with the GPU work each
 launched; `kernel_table` lists the GPU kernels by name, what each computes and who wrote it
-(`gpuinfer.trace.kind_of`, `origin`). Both are per decode step, and both have a Markdown
+(`gpuinfer.report.trace.kind_of`, `origin`). Both are per decode step, and both have a Markdown
 form sized for the page (short names, few columns).
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuinfer.steps import STEP
-from gpuinfer.trace import KINDS, ORIGINS, Ranges, kernel_name, kind_of, origin, step_work
+from gpuinfer.measure.steps import STEP
+from gpuinfer.report.trace import (KINDS, ORIGINS, Ranges, kernel_name, kind_of, origin,
+                                   step_work)
 
 NAME_CHARS = 44  # a kernel name longer than this is cut, so that the table fits the column
 

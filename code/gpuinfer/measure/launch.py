@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from gpuinfer.env import sync
-from gpuinfer.timing import Timing, benchmark, capture_graph, wall_seconds
+from gpuinfer.measure.timing import Timing, benchmark, capture_graph, wall_seconds
 
 
 def chain(x: torch.Tensor, k: int) -> torch.Tensor:

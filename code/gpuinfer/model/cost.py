@@ -14,7 +14,7 @@ measured step comes to moving it at the speed of memory.
   `roofline_seconds` (the roofline's floor for a step).
 
 Plain arithmetic in SI units, tested on the CPU against hand-computed values, as
-`gpuinfer.roofline` is.
+`gpuinfer.measure.roofline` is.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from transformers import LlamaConfig
 
-from gpuinfer import roofline as rl
-from gpuinfer.llama import head_dim
+from gpuinfer.measure import roofline as rl
+from gpuinfer.model.configs import head_dim
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Chapter experiments that sweep or compare variants: the batch sweep and the GEMV bench."""

@@ -1,0 +1,1 @@
+"""Reading measurements: traces, kernel tables, plots and the results table."""
