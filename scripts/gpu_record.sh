@@ -55,7 +55,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee 
 if ! listed=$(python3 -c '
 import sys
 from pathlib import Path
-from gpuinfer.publish.record import UsageError, select_chapters
+from gpuinfer.publish.preflight import UsageError, select_chapters
 try:
     print("\n".join(select_chapters(Path(".").resolve(), sys.argv[1:])))
 except UsageError as exc:

@@ -26,12 +26,12 @@ def book_chapters(root: Path, with_drafts: bool = False) -> tuple[dict[str, Path
     """The book's chapters (and drafts), or none and the one-line BookError that says why
     they cannot be read: a test module lists its cases from this at collection time, and a
     test fails with the message, instead of the collection stopping on a traceback."""
-    from gpuinfer.publish import recordings
+    from gpuinfer.publish import book
 
     try:
-        found = recordings.chapters(root)
-        return ({**found, **recordings.drafts(root)} if with_drafts else found), None
-    except recordings.BookError as exc:
+        found = book.chapters(root)
+        return ({**found, **book.drafts(root)} if with_drafts else found), None
+    except book.BookError as exc:
         return {}, str(exc)
 
 

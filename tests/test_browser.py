@@ -29,7 +29,7 @@ from urllib.parse import unquote, urldefrag, urlsplit
 
 import pytest
 
-from gpuinfer.publish.recordings import BookError, toc_files
+from gpuinfer.publish.book import BookError, toc_files
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")

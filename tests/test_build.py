@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import jupyter_book_build, recorded_files
-from gpuinfer.publish import record, recordings
+from gpuinfer.publish import book, record, recordings
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "fixtures" / "book"
@@ -68,7 +68,7 @@ def git(root: Path, *args: str) -> str:
 
 @pytest.mark.slow
 def test_book_builds_from_the_recordings_without_executing(request):
-    statuses = [recordings.status(ROOT, c) for c in recordings.chapters(ROOT)]
+    statuses = [recordings.status(ROOT, c) for c in book.chapters(ROOT)]
     stale = [st.message for st in statuses if not st.fresh]
     if stale:
         pytest.fail("not every chapter has a fresh GPU recording, so the build would execute "
@@ -84,7 +84,7 @@ def test_book_builds_from_the_recordings_without_executing(request):
     assert executed(log) == [], "the build executed notebooks"
     assert log.count("Using cached notebook") == len(statuses)
     assert sphinx_warnings(log) == []
-    for docname in recordings.toc_files(ROOT):
+    for docname in book.toc_files(ROOT):
         page(html, docname)
     for st in statuses:
         docname = st.recording.parent.parent.relative_to(ROOT).as_posix() + "/" + st.chapter

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import book_chapters
-from gpuinfer.publish.recordings import chapters, drafts, read_chapter
+from gpuinfer.publish.book import chapters, drafts, read_chapter
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "fixtures" / "book"  # two tiny chapters, ch_a and ch_b

@@ -1,4 +1,5 @@
-"""The byte and FLOP accounting of a decode step (gpuinfer.model.cost), against hand-computed values."""
+"""The byte and FLOP accounting of a decode step (gpuinfer.model.cost), against
+hand-computed values."""
 
 import pytest
 

@@ -20,7 +20,8 @@ def test_eager_sweep_on_the_cpu():
                                 warmup=1, repeats=2)
     assert [(p.mode, p.k, p.numel) for p in points] == [
         ("eager", 1, 64), ("eager", 1, 256), ("eager", 4, 64), ("eager", 4, 256)]
-    assert all(p.timing.repeats == 2 and p.us_per_op > 0 and p.compile_s is None for p in points)
+    assert all(p.timing.repeats == 2 and p.us_per_op > 0 and p.compile_s is None
+               for p in points)
     assert points[2].us_per_op == pytest.approx(points[2].timing.median * 1e3 / 4)
 
 
@@ -28,6 +29,13 @@ def test_launch_cost_on_the_cpu():
     cost = launch.launch_cost(50, device="cpu", repeats=2)
     assert cost["n_launches"] == 50 and cost["eager_us"] > 0
     assert math.isnan(cost["graph_us"])  # no graphs without CUDA
+
+
+def test_launch_us_on_the_cpu():
+    cost = launch.launch_us(50, device="cpu", rounds=7, warmup=1)
+    assert cost.rounds == 7 and cost.n_launches == 50 and cost.clock == "host"
+    assert 0 < cost.low <= cost.median <= cost.high
+    assert "µs per launch" in str(cost)
 
 
 @pytest.mark.gpu

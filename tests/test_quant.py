@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from gpuinfer.kernels.quant import INT8_MAX, Int8Matrix, linear, matvec_fp32, \
-    quantize_int8
+from gpuinfer.kernels.quant import INT8_MAX, Int8Matrix, matvec_fp32, quantize_int8
+from gpuinfer.model.llama import linear
 
 
 def test_each_row_is_within_half_a_step_of_its_scale():

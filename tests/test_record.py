@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from conftest import recorded_files
-from gpuinfer.publish import record, recordings
+from gpuinfer.publish import hashes, preflight, record, recordings
+from gpuinfer.publish.validation import read_provenance
 
 FIXTURE = Path(__file__).parent / "fixtures" / "book"
 FAILING_CELL = "\n```{code-cell} ipython3\nratio = 1 / 0\n```\n"
@@ -164,10 +165,11 @@ def test_a_full_temporary_folder_is_found_before_running(capsys, tmp_path, monke
 
 
 def test_chapter_names_resolve_by_stem_path_or_prefix():
-    chosen = record.select_chapters(FIXTURE, ["book/ch_a.md", "ch_b"])
+    chosen = preflight.select_chapters(FIXTURE, ["book/ch_a.md", "ch_b"])
     assert list(chosen) == ["ch_a", "ch_b"]
-    with pytest.raises(record.UsageError, match="'ch' is ambiguous: it starts ch_a, ch_b"):
-        record.select_chapters(FIXTURE, ["ch"])
+    with pytest.raises(preflight.UsageError,
+                       match="'ch' is ambiguous: it starts ch_a, ch_b"):
+        preflight.select_chapters(FIXTURE, ["ch"])
 
 
 # --- what a chapter's recording depends on -------------------------------------------------
@@ -181,8 +183,8 @@ def test_package_modules_are_followed_through_imports(tmp_path):
     (pkg / "c.py").write_text("import os\n")
     (pkg / "unused.py").write_text("")
     code = ["%matplotlib inline\nimport gpuinfer.a as a", "from gpuinfer import c"]
-    assert recordings.imported_modules(code, pkg) == ["__init__.py", "a.py", "b.py", "c.py"]
-    assert recordings.imported_modules(["import numpy"], pkg) == ["__init__.py"]
+    assert hashes.imported_modules(code, pkg) == ["__init__.py", "a.py", "b.py", "c.py"]
+    assert hashes.imported_modules(["import numpy"], pkg) == ["__init__.py"]
 
 
 def test_status_of_a_missing_and_a_corrupt_recording(tmp_path):
@@ -311,10 +313,11 @@ def test_no_scratch_folder_is_left_and_stale_ones_are_removed(tmp_path, monkeypa
 
 @pytest.mark.slow
 def test_cpu_recording_is_labelled_smoke_and_rejected(recorded):
-    meta = recordings.read_provenance(recorded / "book" / "_recorded" / "ch_a.ipynb")
+    meta = read_provenance(recorded / "book" / "_recorded" / "ch_a.ipynb")
     assert meta["smoke"] is True and meta["gpu"] is None
-    assert meta["modules"].keys() == {"__init__.py", "env.py", "plots.py", "results.py",
-                                      "timing.py"}  # what ch_a imports, nothing else
+    assert meta["modules"].keys() == {  # what ch_a imports, nothing else
+        "__init__.py", "env.py", "measure/__init__.py", "measure/timing.py",
+        "report/__init__.py", "report/plots.py", "report/results.py"}
     st = recordings.status(recorded, "ch_a")
     assert st.state == "cpu" and "CPU smoke recording" in st.message
     assert "python -m gpuinfer.publish.record ch_a" in st.message
@@ -344,10 +347,10 @@ def test_prose_edits_keep_a_recording_and_code_or_package_edits_stale_it(book, t
     st = recordings.status(book, "ch_b", accept_cpu=True)
     assert st.state == "stale" and "code cells changed" in st.message
 
-    pkg = Path(shutil.copytree(recordings.PACKAGE_DIR, tmp_path / "gpuinfer"))
-    (pkg / "scale.py").write_text("# not imported by ch_a\n")
+    pkg = Path(shutil.copytree(hashes.PACKAGE_DIR, tmp_path / "gpuinfer"))
+    (pkg / "experiments" / "scale.py").write_text("# not imported by ch_a\n")
     assert recordings.status(book, "ch_a", accept_cpu=True, package_dir=pkg).fresh
-    plots = pkg / "plots.py"
+    plots = pkg / "report" / "plots.py"
     source = plots.read_text()
     assert source.startswith('"""') and "SMALL_TEXT = 8.5" in source
     plots.write_text(source.replace('"""', '"""A docstring edited. ', 1) + "\n# a comment\n")
@@ -361,10 +364,10 @@ def test_a_module_hashes_as_parsed_without_docstrings_or_comments():
     code = 'def f(x):\n    return x + 1\n'
     documented = ('"""A module."""\n# why\ndef f(x):\n    """Add one."""\n'
                   '    return x + 1  # one\n\n')
-    assert recordings.source_hash(code) == recordings.source_hash(documented)
-    assert recordings.source_hash(code) != recordings.source_hash(code.replace("1", "2"))
-    assert recordings.source_hash(code) != recordings.source_hash(code.replace("x +", "-x +"))
-    assert recordings.source_hash("x = (") != recordings.source_hash("x = [")  # no parse
+    assert hashes.source_hash(code) == hashes.source_hash(documented)
+    assert hashes.source_hash(code) != hashes.source_hash(code.replace("1", "2"))
+    assert hashes.source_hash(code) != hashes.source_hash(code.replace("x +", "-x +"))
+    assert hashes.source_hash("x = (") != hashes.source_hash("x = [")  # no parse
 
 
 # --- nothing is lost ---------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import book_chapters
-from gpuinfer.publish import record, recordings
+from gpuinfer.publish import book, record, recordings
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "fixtures" / "book"
@@ -131,8 +131,8 @@ def test_an_unreadable_book_is_one_line_naming_the_file(case, tmp_path, monkeypa
     root = fixture_copy(tmp_path)
     damage(root)
     monkeypatch.chdir(root)
-    with pytest.raises(recordings.BookError) as caught:
-        recordings.chapters(root)
+    with pytest.raises(book.BookError) as caught:
+        book.chapters(root)
     message = str(caught.value)
     assert said in message and "\n" not in message
     fixes = ("save", "fix", "close it", "list pages", "rename", "needs")

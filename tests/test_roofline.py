@@ -76,8 +76,8 @@ def test_lookup_known_gpus(device_name, row):
     assert rl.lookup_spec(device_name).name == row
 
 
-@pytest.mark.parametrize("device_name", ["NVIDIA H200 NVL", "NVIDIA H100 PCIe", "NVIDIA GeForce RTX 4090",
-                                         "", None])
+@pytest.mark.parametrize("device_name", ["NVIDIA H200 NVL", "NVIDIA H100 PCIe",
+                                         "NVIDIA GeForce RTX 4090", "", None])
 def test_lookup_unknown_gpus(device_name):
     assert rl.lookup_spec(device_name) is None
 

@@ -104,7 +104,7 @@ def test_decoder_for_keeps_one_decoder_per_model_shape_and_dtype(workload):
     fp32 = runners.decoder_for(rounded, 1, 64)
     rounded.to(torch.bfloat16)  # in place, as the chapters do: the FP32 decoder is stale
     bf16 = runners.decoder_for(rounded, 1, 64)
-    assert bf16 is not fp32 and bf16.k_cache[0].dtype == torch.bfloat16
+    assert bf16 is not fp32 and bf16.cache.keys[0].dtype == torch.bfloat16
 
 
 def test_step_timing_and_profile(workload, tmp_path):
@@ -112,7 +112,7 @@ def test_step_timing_and_profile(workload, tmp_path):
     decoder = runners.decoder_for(model, 1, sd.capacity_for(32, 20))
     timing = runners.step_timing(decoder, prompt, runners.V4, warmup=1, repeats=3)
     assert timing.repeats == 3 and timing.median > 0
-    with pytest.raises(ValueError, match="past the cache"):
+    with pytest.raises(ValueError, match="exceed the decoder.s capacity"):
         runners.step_timing(decoder, prompt, runners.V4, warmup=10, repeats=100)
     path = str(tmp_path / "steps.json.gz")
     trace = runners.profile_steps(decoder, prompt, runners.V4, path, steps=3, warmup=1)

@@ -89,14 +89,6 @@ def test_profile_generate_marks_the_call():
     assert step_stats(trace, step_name="generate").steps == 1
 
 
-def test_docs_compiled_forward_restores_the_model(small_model):
-    forward = small_model.forward
-    with sc.docs_compiled_forward(small_model):
-        assert small_model.forward is not forward
-    assert "forward" not in vars(small_model)
-    assert small_model.forward.__func__ is type(small_model).forward
-
-
 def test_batch_sweep_on_cpu(small_model):
     points, note = sc.batch_sweep(small_model, [1, 2], prompt_len=8, mode=runners.V4,
                                   warmup=1, repeats=2)

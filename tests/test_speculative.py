@@ -40,19 +40,19 @@ def pair(target_model, draft_model, capacity=64, **kwargs):
 def test_output_is_the_targets_own_greedy_output(models, prompt, k):
     _, spec = pair(*models)
     reference = runners.generate(StaticDecoder(models[0], 1, 64), prompt, NEW)
-    tokens, passes = spec.generate(prompt, NEW, k)
+    tokens = spec.generate(prompt, NEW, k)
     assert tokens.shape == (1, NEW) and tokens.device.type == "cpu"
     assert torch.equal(tokens, reference)
-    assert (NEW - 1) / (k + 1) <= passes <= NEW - 1
+    assert (NEW - 1) / (k + 1) <= spec.passes <= NEW - 1
 
 
 def test_a_draft_that_always_agrees_commits_k_plus_one_tokens_a_pass(models, prompt):
     _, spec = pair(models[0], models[0])  # the target as its own draft
     reference = runners.generate(StaticDecoder(models[0], 1, 64), prompt, NEW)
     for k in (1, 4):
-        tokens, passes = spec.generate(prompt, NEW, k)
+        tokens = spec.generate(prompt, NEW, k)
         assert torch.equal(tokens, reference)
-        assert passes == -(-(NEW - 1) // (k + 1))
+        assert spec.passes == -(-(NEW - 1) // (k + 1))
 
 
 def test_the_pair_shares_one_sequence(models):
@@ -80,7 +80,7 @@ def test_verify_pass_logits_equal_one_token_steps(models, prompt):
                              for i in range(5)], 1)
         target.prefill(prompt)
         positions = torch.arange(prompt.shape[1], prompt.shape[1] + 5, device=DEVICE)
-        passes = sp.all_logits(target, tokens[:, :5].to(DEVICE), positions)
+        passes = target.logits(tokens[:, :5].to(DEVICE), positions, every_position=True)
     torch.testing.assert_close(passes, steps, rtol=1e-4, atol=1e-5)
 
 
@@ -115,8 +115,25 @@ def test_bad_input_is_refused_with_the_fix(models, prompt):
 
 @pytest.mark.gpu
 def test_compiled_and_graphed_passes_give_the_targets_tokens(models, prompt):
-    _, spec = pair(*models, compile_options=runners.V9.compile_options())
+    _, spec = pair(*models, mode=runners.V9)
     reference = runners.generate(StaticDecoder(models[0], 1, 64), prompt, NEW)
     for k in (1, 3, 6):
-        tokens, _ = spec.generate(prompt, NEW, k)
-        assert torch.equal(tokens, reference)
+        assert torch.equal(spec.generate(prompt, NEW, k), reference)
+
+
+def test_a_speculative_decoder_has_the_decoders_interface(models, prompt):
+    _, spec = pair(*models, k=3)
+    reference = runners.generate(StaticDecoder(models[0], 1, 64), prompt, NEW)
+    assert torch.equal(spec.generate(prompt, NEW), reference)  # k = 3
+    with torch.no_grad():
+        spec.prefill(prompt)
+        start = int(spec.pos)
+        spec.decode_step()  # one pass: 1 ... 4 tokens
+    assert 1 <= int(spec.pos) - start <= 4
+    assert torch.equal(spec.tokens[:, prompt.shape[1]: int(spec.pos) + 1].cpu(),
+                       reference[:, : int(spec.pos) + 1 - prompt.shape[1]])
+
+
+def test_cudagraph_trees_are_refused_for_a_pass(models):
+    with pytest.raises(ValueError, match="by hand"):
+        pair(*models, mode=runners.V8)

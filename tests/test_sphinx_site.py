@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("sphinx.addnodes")  # the GPU machine runs the GPU tests without Sphinx
 
 from gpuinfer.measure import roofline  # noqa: E402
-from gpuinfer.publish import recordings  # noqa: E402
+from gpuinfer.publish import book, recordings  # noqa: E402
 from gpuinfer.publish.sphinx_site import add_download_buttons  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +42,7 @@ def test_run_times_table_lists_every_chapter(built_book):
     html = (built_book / "book" / "reproduce.html").read_text()
     table = re.search(r'<table class="[^"]*recorded-runtimes.*?</table>', html, re.S)
     assert table, "no run-time table on the reproduce page"
-    for chapter, path in recordings.chapters(ROOT).items():
+    for chapter, path in book.chapters(ROOT).items():
         assert f'href="{path.stem}.html"' in table.group(0), chapter
         st = recordings.status(ROOT, chapter)
         if st.state in ("fresh", "stale"):
@@ -51,7 +51,7 @@ def test_run_times_table_lists_every_chapter(built_book):
 
 @pytest.mark.slow
 def test_chapter_figures_have_alt_text(built_book):
-    for chapter, path in recordings.chapters(ROOT).items():
+    for chapter, path in book.chapters(ROOT).items():
         page = (built_book / path.relative_to(ROOT).with_suffix(".html")).read_text()
         for alt in re.findall(r'<img alt="([^"]*)"', page):
             assert alt.startswith("Figure") and not alt.endswith(".png"), (chapter, alt)

@@ -22,7 +22,9 @@ import nbformat
 import pytest
 
 from conftest import recorded_files
-from gpuinfer.publish import recordings, store
+from gpuinfer.publish import store
+from gpuinfer.publish.book import artifacts_path, journal_path, recording_path
+from gpuinfer.publish.validation import METADATA_KEY
 
 OLD_TRACE = b'{"old": true}'
 
@@ -33,10 +35,10 @@ def make_book(root: Path) -> Path:
     chapter = root / "book" / "ch.md"
     chapter.parent.mkdir(parents=True)
     chapter.write_text("# ch\n")
-    rec = recordings.recording_path(chapter)
+    rec = recording_path(chapter)
     rec.parent.mkdir()
     rec.write_text('{"old notebook": 1}')
-    art = recordings.artifacts_path(chapter)
+    art = artifacts_path(chapter)
     (art / "traces").mkdir(parents=True)
     (art / "traces" / "a.json.gz").write_bytes(gzip.compress(OLD_TRACE))
     (art / "old_only.txt").write_text("from the old run")
@@ -47,7 +49,7 @@ def new_run(tmp: Path, size: int = 1000) -> tuple[nbformat.NotebookNode, Path]:
     """A new run's notebook and its scratch folder (a JSON trace, a text file)."""
     nb = nbformat.v4.new_notebook()
     nb.cells.append(nbformat.v4.new_code_cell("x = 1"))
-    nb.metadata[recordings.METADATA_KEY] = {"run": "new"}
+    nb.metadata[METADATA_KEY] = {"run": "new"}
     scratch = tmp / "scratch"
     (scratch / "ch" / "traces").mkdir(parents=True)
     (scratch / "ch" / "traces" / "a.json").write_text(json.dumps({"new": "x" * size}))
@@ -74,7 +76,7 @@ def is_new(files: dict[str, bytes]) -> bool:
     if set(files) - {"ch.ipynb"} != {"ch/traces/a.json.gz", "ch/new_only.txt"}:
         return False
     nb = json.loads(files["ch.ipynb"])
-    hashes = nb["metadata"][recordings.METADATA_KEY]["artifacts"]
+    hashes = nb["metadata"][METADATA_KEY]["artifacts"]
     return hashes == {k[len("ch/"):]: hashlib.sha256(v).hexdigest()
                       for k, v in files.items() if k.startswith("ch/")}
 
@@ -85,9 +87,9 @@ def test_commit_writes_the_pair_with_the_artifacts_hashes(tmp_path):
     store.commit(chapter, nb, scratch)
     files = snapshot(chapter)
     assert is_new(files), sorted(files)
-    with gzip.open(recordings.artifacts_path(chapter) / "traces" / "a.json.gz") as f:
+    with gzip.open(artifacts_path(chapter) / "traces" / "a.json.gz") as f:
         assert json.load(f)["new"].startswith("x")
-    rec = recordings.recording_path(chapter)
+    rec = recording_path(chapter)
     assert oct(rec.stat().st_mode & 0o777) == "0o644"
     assert not list(rec.parent.glob(".*")), "a temporary file was left"
 
@@ -98,7 +100,7 @@ def test_a_run_without_artifacts_removes_the_old_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     store.commit(chapter, nb, tmp_path / "empty")
     assert set(snapshot(chapter)) == {"ch.ipynb"}
-    assert nb.metadata[recordings.METADATA_KEY]["artifacts"] == {}
+    assert nb.metadata[METADATA_KEY]["artifacts"] == {}
 
 
 def count_calls(monkeypatch, name: str, tmp_path: Path) -> int:
@@ -151,7 +153,7 @@ def test_a_fault_at_any_rename_or_sync_keeps_one_pair(tmp_path, monkeypatch, nam
         assert is_old(files, old) if failed else is_new(files), (name, k + 1, sorted(files))
         if name == "replace":
             assert failed, "every rename comes before the commit is complete"
-        assert not list(recordings.recording_path(chapter).parent.glob(".*")), k
+        assert not list(recording_path(chapter).parent.glob(".*")), k
 
 
 def test_a_full_disk_while_staging_keeps_the_old_pair(tmp_path):
@@ -182,7 +184,7 @@ def test_a_full_disk_while_staging_keeps_the_old_pair(tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "File too large" in proc.stdout
     assert is_old(snapshot(chapter), old)
-    assert not list(recordings.recording_path(chapter).parent.glob(".*"))
+    assert not list(recording_path(chapter).parent.glob(".*"))
 
 
 KILLER = textwrap.dedent("""
@@ -231,8 +233,8 @@ def test_a_kill_at_any_rename_leaves_the_old_pair_or_a_journal_that_finishes_it(
         old = snapshot(chapter)
         proc = commit_in_child(tmp_path, chapter, k, "SIGKILL")
         assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
-        folder = recordings.recording_path(chapter).parent
-        journal = recordings.journal_path(chapter)
+        folder = recording_path(chapter).parent
+        journal = journal_path(chapter)
         if k == 0:  # killed at the journal's rename: not decided yet
             assert not journal.exists()
             assert is_old(pair(snapshot(chapter)), old)
@@ -254,12 +256,12 @@ def test_ctrl_c_or_sigterm_at_the_commit_waits_for_it(tmp_path, sig):
         assert proc.returncode == 130, proc.stdout + proc.stderr
         assert "interrupted after the commit" in proc.stdout
         assert is_new(snapshot(chapter))
-        assert not list(recordings.recording_path(chapter).parent.glob(".*"))
+        assert not list(recording_path(chapter).parent.glob(".*"))
 
 
 def test_a_linked_artifacts_folder_is_replaced_not_written_through(tmp_path):
     chapter = make_book(tmp_path)
-    art = recordings.artifacts_path(chapter)
+    art = artifacts_path(chapter)
     elsewhere = tmp_path / "elsewhere"
     art.rename(elsewhere)
     art.symlink_to(elsewhere)
@@ -272,7 +274,7 @@ def test_a_linked_artifacts_folder_is_replaced_not_written_through(tmp_path):
 
 def test_recover_removes_leftovers_and_finishes_journals(tmp_path):
     chapter = make_book(tmp_path)
-    folder = recordings.recording_path(chapter).parent
+    folder = recording_path(chapter).parent
     (folder / ".ch.ipynb.abc123.tmp").write_text("half a notebook")
     (folder / ".ch.new.tmp").mkdir()
     (folder / ".other.old.tmp").mkdir()

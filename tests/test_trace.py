@@ -1,4 +1,5 @@
-"""Reading a profiler trace (gpuinfer.report.trace), on a hand-made Chrome trace.
+"""Reading a profiler trace (gpuinfer.report.trace) and naming its slices
+(gpuinfer.report.kernel_names), on a hand-made Chrome trace.
 
 `fixtures/decode_trace.json` holds a prefill and two decode steps (times in microseconds):
 
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from gpuinfer.measure.profiling import load_trace
+from gpuinfer.report import kernel_names as KN
 from gpuinfer.report import trace as T
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decode_trace.json"
@@ -115,8 +117,8 @@ def test_gaps_and_union():
      "internal::gemvx::kernel", "matrix multiply", "library"),
     ("fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float>)",
      "fmha_cutlassF_f32_aligned_64x64_rf_sm80", "attention", "library"),
-    ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT", "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT",
-     "matrix multiply", "library"),
+    ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT",
+     "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT", "matrix multiply", "library"),
     ("triton_per_fused__softmax_add_bmm_exp_9", "triton_per_fused__softmax_add_bmm_exp_9",
      "matrix multiply", "Inductor"),
     ("triton_red_fused_mm_3", "triton_red_fused_mm_3", "matrix multiply", "Inductor"),
@@ -124,9 +126,9 @@ def test_gaps_and_union():
     ("triton_per_fused_mean_pow_1", "triton_per_fused_mean_pow_1", "reduction", "Inductor"),
 ])
 def test_kernel_names_and_kinds(raw, short, kind, origin):
-    assert T.kernel_name(raw) == short
-    assert T.kind_of(raw) == kind
-    assert T.origin(raw) == origin
+    assert KN.kernel_name(raw) == short
+    assert KN.kind_of(raw) == kind
+    assert KN.origin(raw) == origin
 
 
 @pytest.mark.parametrize("raw, kind", [
@@ -135,22 +137,22 @@ def test_kernel_names_and_kinds(raw, short, kind, origin):
     ("attention_partial_kernel", "attention"), ("embed_kernel", "copy / index"),
 ])
 def test_the_books_triton_kernels_are_ours_and_judged_by_what_they_compute(raw, kind):
-    assert T.kind_of(raw) == kind and T.origin(raw) == "ours"
+    assert KN.kind_of(raw) == kind and KN.origin(raw) == "ours"
 
 
 def test_every_kernel_the_book_launches_is_known_to_the_trace():
     """A Triton kernel's trace name is its function's: each `@triton.jit` function named
-    *_kernel in gpuinfer.kernels (the ones launched) has its entry in trace.OURS."""
+    *_kernel in gpuinfer.kernels (the ones launched) has its entry in kernel_names.OURS."""
     import ast
 
-    kernels_dir = Path(T.__file__).parent / "kernels"
+    kernels_dir = Path(KN.__file__).parents[1] / "kernels"  # gpuinfer/kernels
     launched = {
         node.name for path in kernels_dir.glob("*.py")
         for node in ast.walk(ast.parse(path.read_text(encoding="utf8")))
         if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel")
         and any("jit" in ast.unparse(d) for d in node.decorator_list)
     }
-    assert launched == set(T.OURS)
+    assert launched == set(KN.OURS)
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -161,4 +163,4 @@ def test_every_kernel_the_book_launches_is_known_to_the_trace():
     ("aten::mul", "elementwise"), ("aten::argmax", "reduction"), ("aten::empty", "other"),
 ])
 def test_cpu_slices_have_the_same_kinds(name, kind):
-    assert T.kind_of(name) == kind
+    assert KN.kind_of(name) == kind

@@ -1,4 +1,5 @@
-"""Timelines drawn from a trace (gpuinfer.report.traceplot), on the hand-made trace of test_trace.py."""
+"""Timelines drawn from a trace (gpuinfer.report.traceplot), on the hand-made trace of
+test_trace.py."""
 
 from pathlib import Path
 

@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
 
 from gpuinfer.experiments import triton_bench as tb  # noqa: E402
 from gpuinfer.kernels.gemv import GemvConfig  # noqa: E402
-from gpuinfer.kernels.quant import quantize_int8  # noqa: E402
+from gpuinfer.model.llama import AS_STORED, INT8  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # on the CPU the host clock times them, and says so: expected here
@@ -19,16 +19,16 @@ pytestmark = pytest.mark.filterwarnings("ignore::gpuinfer.measure.timing.HostClo
 SMALL = GemvConfig(32, 64)
 
 
-@pytest.mark.parametrize("quantize", [None, quantize_int8], ids=["bf16", "int8"])
-def test_gemv_bandwidth_runs(quantize):
-    bw = tb.gemv_bandwidth(64, 64, "ours", device=DEVICE, config=SMALL, quantize=quantize,
+@pytest.mark.parametrize("weights", [AS_STORED, INT8], ids=["bf16", "int8"])
+def test_gemv_bandwidth_runs(weights):
+    bw = tb.gemv_bandwidth(64, 64, "ours", device=DEVICE, config=SMALL, weights=weights,
                            repeats=2)
     assert bw > 0
 
 
 def test_library_without_an_int8_product_says_so():
     with pytest.raises(ValueError, match="no int8 x BF16 product"):
-        tb.gemv_bandwidth(64, 64, "cuBLAS", device=DEVICE, quantize=quantize_int8,
+        tb.gemv_bandwidth(64, 64, "cuBLAS", device=DEVICE, weights=INT8,
                           repeats=2)
 
 
@@ -105,21 +105,21 @@ def test_gemv_chain_runs_each_product_of_the_step_once_a_call(monkeypatch):
 def test_gemv_chain_of_int8_weights_has_no_library_variant():
     from gpuinfer.decode.triton_step import TritonDecoder
 
-    decoder = TritonDecoder(tiny_bf16_llama(), capacity=16, quantize=quantize_int8)
+    decoder = TritonDecoder(tiny_bf16_llama(), capacity=16, weights=INT8)
     tb.gemv_chain(decoder, "ours")()
     with pytest.raises(ValueError, match="no int8 x BF16 product"):
         tb.gemv_chain(decoder, "cuBLAS")
 
 
-@pytest.mark.parametrize("quantize", [None, quantize_int8], ids=["bf16", "int8"])
-def test_gemv_chain_by_inductor_computes_the_products(monkeypatch, quantize):
+@pytest.mark.parametrize("weights", [AS_STORED, INT8], ids=["bf16", "int8"])
+def test_gemv_chain_by_inductor_computes_the_products(monkeypatch, weights):
     """Inductor's chain: every product of the step, int8 ones as gpt-fast's weight-only
     linear, each shape compiled once."""
     from gpuinfer.decode.triton_step import TritonDecoder
 
     compiled_shapes = []
     eager_compile(monkeypatch, compiled_shapes)
-    decoder = TritonDecoder(tiny_bf16_llama(), capacity=16, quantize=quantize)
+    decoder = TritonDecoder(tiny_bf16_llama(), capacity=16, weights=weights)
     seen = []
     real = tb.inductor_linear
 
@@ -130,7 +130,7 @@ def test_gemv_chain_by_inductor_computes_the_products(monkeypatch, quantize):
             y = linear(x, w)
             capturing = DEVICE == "cuda" and torch.cuda.is_current_stream_capturing()
             if not capturing:  # no host read inside a graph capture
-                dense = w.dequantized(x.dtype) if quantize else w
+                dense = w.dequantized(x.dtype) if weights is INT8 else w
                 torch.testing.assert_close(y.float(), (x @ dense.T).float(), rtol=0.02,
                                            atol=0.02)
             seen.append(tuple(w.shape))

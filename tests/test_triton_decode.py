@@ -22,6 +22,7 @@ from gpuinfer.decode.triton_step import TritonDecoder  # noqa: E402
 from gpuinfer.kernels.gemv import GemvConfig  # noqa: E402
 from gpuinfer.kernels.quant import quantize_int8  # noqa: E402
 from gpuinfer.model import cost  # noqa: E402
+from gpuinfer.model.llama import INT8  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -130,7 +131,7 @@ def test_limits_are_errors(fp32_model):
     decoder = TritonDecoder(fp32_model, capacity=8)
     with pytest.raises(ValueError, match="exceed"):
         decoder.generate(prompt_of(5), 4)
-    with pytest.raises(NotImplementedError, match="batch=1"):
+    with pytest.raises(ValueError, match="batch 2 for a decoder of batch 1"):
         decoder.generate(prompt_of(3).repeat(2, 1), 2)
     with pytest.raises(ValueError, match="split-K"):
         TritonDecoder(fp32_model, configs={"lm_head": GemvConfig(8, 64, split_k=2)})
@@ -158,7 +159,7 @@ def test_int8_decoder_computes_the_model_its_weights_stand_for():
     close as the BF16 model's are to the FP32 model's: within BF16 noise."""
     model, exact = small_llama(torch.bfloat16), small_llama()
     sequence = prompt_of(12, seed=3)
-    decoder = TritonDecoder(model, capacity=16, quantize=quantize_int8)
+    decoder = TritonDecoder(model, capacity=16, weights=INT8)
     errors = teacher_forced_errors(dequantized(model), decoder, sequence, 7, 4)
     noise = bf16_noise(model, exact, sequence, range(7, 11))
     assert all(err <= min(2 * n, 3e-2) for (err, _), n in zip(errors, noise)), (
@@ -167,7 +168,7 @@ def test_int8_decoder_computes_the_model_its_weights_stand_for():
 
 def test_int8_bytes_and_state(fp32_model):
     model = small_llama(torch.bfloat16)
-    decoder = TritonDecoder(model, capacity=32, quantize=quantize_int8)
+    decoder = TritonDecoder(model, capacity=32, weights=INT8)
     cfg = model.config
     d, layers = cfg.head_dim, cfg.num_hidden_layers
     rows_cols = [((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d,
@@ -216,7 +217,7 @@ def test_bf16_graph_teacher_forced():
 @pytest.mark.gpu
 def test_int8_graph_replay_gives_the_eager_tokens():
     model = small_llama(torch.bfloat16)
-    decoder = TritonDecoder(model, capacity=64, quantize=quantize_int8)
+    decoder = TritonDecoder(model, capacity=64, weights=INT8)
     prompt = prompt_of(9)
     eager = decoder.generate(prompt, 40, graph=False)
     assert torch.equal(decoder.generate(prompt, 40, graph=True), eager)
@@ -237,5 +238,5 @@ def test_the_step_is_tiled_by_its_weights_and_its_cache():
 def test_a_decoder_takes_its_weights_tiling_and_its_capacitys_split(fp32_model):
     from gpuinfer.kernels.tiling import default_attention
 
-    decoder = TritonDecoder(fp32_model, capacity=64, quantize=quantize_int8)
+    decoder = TritonDecoder(fp32_model, capacity=64, weights=INT8)
     assert decoder.attention == default_attention(decoder.on_gpu, 64)

@@ -19,9 +19,9 @@ import tempfile
 import torch
 
 SMOKE_WARNING = (
-    "**Smoke mode: no CUDA device.** This run uses small sizes and a host clock so that the "
-    "chapter can be executed end to end on a CPU. Its numbers are *not* GPU results; the "
-    "recorded GPU run is in `book/_recorded/`."
+    "**Smoke mode: no CUDA device.** This run uses small sizes and a host clock so that "
+    "the chapter can be executed end to end on a CPU. Its numbers are *not* GPU results; "
+    "the recorded GPU run is in `book/_recorded/`."
 )
 
 
@@ -41,7 +41,7 @@ def gpu_name() -> str | None:
 
 
 def driver_version() -> str | None:
-    """The NVIDIA driver version (e.g. '580.159.04'), read from nvidia-smi; None without it."""
+    """The NVIDIA driver version (e.g. '580.159.04') from nvidia-smi; None without it."""
     if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
         return None
     try:
@@ -127,8 +127,8 @@ SCRATCH_PREFIX = "gpuinfer-"
 
 
 def scratch_dir(kind: str) -> str:
-    """A new folder `gpuinfer-<pid>-<kind>-...` in the temporary directory, removed when this
-    process exits. One left behind by a process that was killed (no exit handler runs
+    """A new folder `gpuinfer-<pid>-<kind>-...` in the temporary directory, removed when
+    this process exits. One left behind by a process that was killed (no exit handler runs
     then) is removed by the next call, once its process is gone."""
     remove_stale_scratch()
     path = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-{kind}-")
@@ -140,7 +140,8 @@ def remove_stale_scratch() -> list[str]:
     """Remove the scratch folders of processes that no longer run; return their paths."""
     removed = []
     for name in os.listdir(tempfile.gettempdir()):
-        parts = name[len(SCRATCH_PREFIX):].split("-") if name.startswith(SCRATCH_PREFIX) else []
+        ours = name.startswith(SCRATCH_PREFIX)
+        parts = name[len(SCRATCH_PREFIX):].split("-") if ours else []
         pid = next((int(p) for p in parts[:1] if p.isdigit()), None)
         if pid is None or pid == os.getpid() or _alive(pid):
             continue

@@ -22,10 +22,11 @@ from typing import Callable
 import torch
 from transformers import LlamaForCausalLM
 
+from gpuinfer.decode import interface
+from gpuinfer.decode.interface import Decoder, check_prompt, graphed_step
 from gpuinfer.decode.static import StaticDecoder, capacity_for
 from gpuinfer.measure import profiling
-from gpuinfer.measure.steps import decode_steps
-from gpuinfer.measure.timing import Timing, benchmark, capture_graph
+from gpuinfer.measure.timing import Timing, benchmark
 
 NO_GRAPH, BY_HAND, TREES = "none", "by hand", "cudagraph trees"
 GRAPHS = (NO_GRAPH, BY_HAND, TREES)
@@ -98,19 +99,21 @@ def _kept_on(owner, name: str) -> dict:
     return owner.__dict__.setdefault(name, {})
 
 
-def runner(decoder: StaticDecoder, mode: Mode) -> Callable[[], object]:
+def runner(decoder: Decoder, mode: Mode) -> Callable[[], object]:
     """The function that runs one decode step of `decoder` the way `mode` says, built on
-    first use (compiled, captured) and kept while the decoder lives."""
+    first use (compiled, captured) and kept while the decoder lives. Any decoder of the
+    book's interface runs uncompiled modes (a Triton decoder's step is its own kernels:
+    there is nothing for torch.compile to fuse); compiled modes need a StaticDecoder."""
+    if mode.compiled and not isinstance(decoder, StaticDecoder):
+        raise ValueError(f"{mode.label}: torch.compile runs a StaticDecoder's step; a "
+                         f"{type(decoder).__name__} runs V4 (eager) or V5 (graphed)")
     built = _kept_on(decoder, "_gpuinfer_runners")
     key = dataclasses.astuple(dataclasses.replace(mode, name=""))
     if key not in built:
         with torch.no_grad():  # as every call will be: no recompilation for grad mode
-            # Capture and compilation run decode_step a few times: start them from slot 0,
-            # so that they stay inside the cache whatever state the last generation left.
-            decoder.pos.zero_()
             step = _compiled(decoder, mode, built) if mode.compiled else decoder.decode_step
             if mode.graph == BY_HAND:
-                step = capture_graph(step, warmup=3)[0].replay
+                step = graphed_step(decoder, step)  # the decoder's state kept as it was
             built[key] = step
     return built[key]
 
@@ -118,57 +121,59 @@ def runner(decoder: StaticDecoder, mode: Mode) -> Callable[[], object]:
 _shared: dict = {}  # compile options -> decode_step compiled for decoders of any batch
 
 
-def _compile(fn, options: dict, dynamic: bool | None = None):
+def compiled(fn, mode: Mode, dynamic: bool | None = False):
+    """`fn` compiled whole (fullgraph) with `mode`'s Inductor options."""
     with warnings.catch_warnings():
         # Inductor says when it splits a long reduction (the softmax over the cache) and so
         # gives up its online softmax: a note on its choice of kernels, not a problem.
         warnings.filterwarnings("ignore", message="Online softmax is disabled")
-        return torch.compile(fn, fullgraph=True, dynamic=dynamic, options=options)
+        return torch.compile(fn, fullgraph=True, dynamic=dynamic,
+                             options=mode.compile_options())
 
 
 def _compiled(decoder: StaticDecoder, mode: Mode, built: dict):
     """decode_step compiled with the mode's options; shared by the modes that differ only in
     a graph captured by hand around it (V7 captures V6's compiled step). A dynamic mode
     shares one compiled function between the decoders of every batch size."""
-    options = mode.compile_options()
-    key = ("compiled", *sorted(options.items()))
+    key = ("compiled", *sorted(mode.compile_options().items()))
     if mode.dynamic:
         if key not in _shared:
-            _shared[key] = _compile(lambda d: d.decode_step(), options, dynamic=True)
+            _shared[key] = compiled(lambda d: d.decode_step(), mode, dynamic=True)
         return functools.partial(_shared[key], decoder)
     if key not in built:
-        compiled = _compile(decoder.decode_step, options)
+        step = compiled(decoder.decode_step, mode)
         if mode.graph == TREES:
-            def step():
+            def trees_step():
                 # Start a new cudagraph-trees generation: the previous step's outputs may
                 # now be overwritten. We never read them: the tokens live in
                 # decoder.tokens, our own tensor, not an output of the graph.
                 torch.compiler.cudagraph_mark_step_begin()
-                compiled()
+                step()
 
-            step.compiled = compiled
-            built[key] = step
+            trees_step.compiled = step
+            built[key] = trees_step
         else:
-            built[key] = compiled
+            built[key] = step
     return built[key]
 
 
-def generate(decoder: StaticDecoder, prompt_ids: torch.Tensor, new_tokens: int,
+def generate(decoder: Decoder, prompt_ids: torch.Tensor, new_tokens: int,
              mode: Mode = V4) -> torch.Tensor:
     """`new_tokens` greedy tokens after the prompt, each step run `mode`: an int64 CPU
     tensor (batch, new_tokens)."""
     if new_tokens < 1:
         return torch.empty((prompt_ids.shape[0], 0), dtype=torch.int64)
-    if prompt_ids.shape[1] + new_tokens > decoder.capacity:
-        raise ValueError(f"{prompt_ids.shape[1]} + {new_tokens} tokens exceed "
-                         f"the decoder's capacity of {decoder.capacity}")
-    step = runner(decoder, mode)  # capture or compile first: they run decode_step
-    with torch.no_grad():
-        decoder.prefill(prompt_ids)
-        for _ in decode_steps(range(1, new_tokens)):  # marks each step for the profiler
-            step()
-    start = prompt_ids.shape[1]
-    return decoder.tokens[:, start: start + new_tokens].cpu()  # the one host sync
+    check_prompt(decoder, prompt_ids, new_tokens)  # before anything is compiled
+    return interface.generate(decoder, prompt_ids, new_tokens, runner_before_prefill(
+        decoder, mode))
+
+
+def runner_before_prefill(decoder: Decoder, mode: Mode) -> Callable[[], object]:
+    """`runner(decoder, mode)` for a caller that prefills next: the position is reset
+    first, so that building it (a capture runs the step) finds room in the cache
+    whatever the last generation left; the state it holds is about to be replaced."""
+    decoder.pos.zero_()
+    return runner(decoder, mode)
 
 
 def decoder_for(model: LlamaForCausalLM, batch: int, capacity: int, *,
@@ -224,7 +229,7 @@ def cold_compile():
 def compiled_step_logits(decoder: StaticDecoder, mode: Mode):
     """decoder.step_logits compiled with `mode`'s options, for teacher forcing: the same
     fused kernels as the mode's decode_step, with the logits returned."""
-    return _compile(decoder.step_logits, mode.compile_options())
+    return compiled(decoder.step_logits, mode)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,11 +244,8 @@ def step_timing(decoder: StaticDecoder, prompt_ids: torch.Tensor, mode: Mode, *,
     Each timed call is one step (CUDA events around it); the steps run back to back, as
     in a generation, so a host slower than the GPU shows up as a longer step.
     """
-    if prompt_ids.shape[1] + 1 + warmup + repeats > decoder.capacity:
-        raise ValueError(f"{warmup} + {repeats} timed steps after a prompt of "
-                         f"{prompt_ids.shape[1]} would run past the cache's "
-                         f"{decoder.capacity} slots")
-    step = runner(decoder, mode)
+    check_prompt(decoder, prompt_ids, 1 + warmup + repeats)
+    step = runner_before_prefill(decoder, mode)
     with torch.no_grad():
         decoder.prefill(prompt_ids)
         return benchmark(step, warmup=warmup, repeats=repeats)
@@ -255,7 +257,7 @@ def profile_steps(decoder: StaticDecoder, prompt_ids: torch.Tensor, mode: Mode,
     """Profile `steps` decode steps run `mode` after a prefill and `warmup` untimed steps
     (`gpuinfer.measure.profiling.profile_steps`, which says what `head_start` does); return the
     Chrome trace, also written to `path` if given."""
-    step = runner(decoder, mode)
+    step = runner_before_prefill(decoder, mode)
     with torch.no_grad():
         decoder.prefill(prompt_ids)
         for _ in range(warmup):

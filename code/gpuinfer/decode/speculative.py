@@ -29,10 +29,10 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-from gpuinfer.decode.static import (StaticDecoder, attention, fold_mask, rms_norm,
-                                    rotate_half)
+from gpuinfer.decode.interface import check_prompt, graphed_step
+from gpuinfer.decode.runners import BY_HAND, TREES, V4, Mode, compiled
+from gpuinfer.decode.static import StaticDecoder
 from gpuinfer.measure.timing import capture_graph
 
 REFRESH = (-1, 0)  # the draft's first step of a pass: slots pos - 1 and pos
@@ -52,35 +52,6 @@ def share_sequence(draft: StaticDecoder, target: StaticDecoder) -> None:
     draft.tokens, draft.pos = target.tokens, target.pos
 
 
-def all_logits(decoder: StaticDecoder, input_ids: torch.Tensor,
-               positions: torch.Tensor) -> torch.Tensor:
-    """`decoder.logits` at every input position, not only the last: (batch, T, vocab).
-
-    The same layers as `StaticDecoder.logits`, which keeps only the last position (what a
-    decode step needs); a verify pass needs the target's choice after each of its tokens.
-    """
-    batch, length = input_ids.shape
-    h, kv, d = decoder.n_heads, decoder.n_kv_heads, decoder.head_dim
-    x = F.embedding(input_ids, decoder.embed)
-    cos = decoder.cos.index_select(0, positions)[:, None, :]
-    sin = decoder.sin.index_select(0, positions)[:, None, :]
-    visible = decoder.slots[None, :] <= positions[:, None]  # each query sees its past
-    mask = fold_mask(torch.where(visible, 0.0, float("-inf")).to(x.dtype), h // kv)
-    for i, w in enumerate(decoder.layers):
-        qkv = F.linear(rms_norm(x, w.input_norm, decoder.eps), w.qkv)
-        qkv = qkv.view(batch, length, h + 2 * kv, d)
-        qk = qkv[:, :, : h + kv]
-        qk = qk * cos + rotate_half(qk) * sin
-        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv:]
-        decoder.k_cache[i].index_copy_(2, positions, k.transpose(1, 2))
-        decoder.v_cache[i].index_copy_(2, positions, v.transpose(1, 2))
-        o = attention(q, decoder.k_cache[i], decoder.v_cache[i], mask, decoder.attention)
-        x = x + F.linear(o, w.o)
-        gate, up = F.linear(rms_norm(x, w.post_norm, decoder.eps), w.gate_up).chunk(2, dim=-1)
-        x = x + F.linear(F.silu(gate) * up, w.down)
-    return F.linear(rms_norm(x, decoder.norm, decoder.eps), decoder.lm_head)
-
-
 def verify(target: StaticDecoder, offsets: torch.Tensor) -> torch.Tensor:
     """The target's pass over the last committed token and the k = len(offsets) - 1
     proposals after it (the draft has moved pos k slots past that token). Commits the
@@ -88,7 +59,7 @@ def verify(target: StaticDecoder, offsets: torch.Tensor) -> torch.Tensor:
     k = offsets.shape[0] - 1
     positions = target.pos - k + offsets  # the committed token's slot, then the proposals'
     ids = target.tokens.index_select(1, positions)
-    choice = all_logits(target, ids, positions).argmax(-1)  # after each input token
+    choice = target.logits(ids, positions, every_position=True).argmax(-1)  # after each
     # Proposal i + 1 against the choice after token i; the last choice has no proposal.
     # (Shifted with roll, not sliced: no shape of k elements, which would be 1 at k = 1
     # and make torch.compile compile that case apart.)
@@ -108,16 +79,15 @@ def expected_tokens(agreement: float, k: int) -> float:
 
 
 class Verifier:
-    """The target's verify pass (`verify`), compiled with `compile_options` (None: eager)
-    once for most numbers of query tokens, not once for each: the shapes that depend on it
-    stay symbolic."""
+    """The target's verify pass (`verify`), run the way `mode` says (compiled or not; a
+    graph is the pass's business, `Speculative.one_pass`), compiled once for most numbers
+    of query tokens, not once for each: the shapes that depend on it stay symbolic."""
 
-    def __init__(self, target: StaticDecoder, *, compile_options: dict | None = None):
+    def __init__(self, target: StaticDecoder, *, mode: Mode = V4):
         self.target = target
         self.offsets = torch.arange(MAX_QUERY, device=target.pos.device)
-        self.compiled = compile_options is not None
-        self._verify = verify if not self.compiled else torch.compile(
-            verify, fullgraph=True, dynamic=None, options=compile_options)
+        self.compiled = mode.compiled
+        self._verify = verify if not self.compiled else compiled(verify, mode, dynamic=None)
 
     def fn(self, query: int) -> Callable[[], torch.Tensor]:
         """The pass over `query` tokens (k + 1), as a function of nothing."""
@@ -131,23 +101,28 @@ class Verifier:
 
 class Speculative:
     """Greedy speculative decoding of `target` with `draft` (StaticDecoders of two models with
-    one tokenizer, batch 1, the same capacity). `compile_options`: Inductor options to
-    compile the draft's steps and the verify pass with (e.g. `runners.V9.compile_options()`),
-    None to run them eagerly. On a GPU each pass is captured as one CUDA graph per k."""
+    one tokenizer, batch 1, the same capacity), `k` proposals a pass unless `generate` is
+    given another. `mode` (a `runners.Mode`) says how the draft's steps and the verify pass
+    run: compiled with its options or eager, and with `graph=BY_HAND` on a GPU each whole
+    pass one CUDA graph per k. A decoder of the book's interface (`decode.interface`):
+    its `decode_step` is one pass, and it shares the target's `tokens` and `pos`."""
 
-    def __init__(self, target: StaticDecoder, draft: StaticDecoder, *,
-                 compile_options: dict | None = None):
+    def __init__(self, target: StaticDecoder, draft: StaticDecoder, *, k: int = 4,
+                 mode: Mode = V4):
+        if mode.graph == TREES:
+            raise ValueError(f"{mode.label}: a pass is captured by hand (graph={BY_HAND!r}) "
+                             "or not at all; cudagraph trees would capture its parts apart")
         share_sequence(draft, target)
-        self.target, self.draft = target, draft
-        dev = target.pos.device
-        self.refresh = torch.tensor(REFRESH, device=dev)
-        self.verifier = Verifier(target, compile_options=compile_options)
+        self.target, self.draft, self.k, self.mode = target, draft, k, mode
+        self.tokens, self.pos, self.capacity = target.tokens, target.pos, target.capacity
+        self.refresh = torch.tensor(REFRESH, device=target.pos.device)
+        self.verifier = Verifier(target, mode=mode)
         self.first_step, self.step = self.draft_first_step, draft.decode_step
-        if compile_options is not None:
-            self.first_step, self.step = (
-                torch.compile(fn, fullgraph=True, dynamic=False, options=compile_options)
-                for fn in (self.first_step, self.step))
+        if mode.compiled:
+            self.first_step, self.step = (compiled(fn, mode) for fn in (self.first_step,
+                                                                         self.step))
         self._passes: dict[int, Callable[[], object]] = {}
+        self.passes = 0  # of the last generation
 
     def draft_first_step(self) -> None:
         """The draft's first step of a pass: slots pos - 1 and pos in, its proposal after pos
@@ -167,7 +142,8 @@ class Speculative:
         return steps
 
     def one_pass(self, k: int) -> Callable[[], object]:
-        """A whole pass with k proposals: built once per k, a CUDA graph replay on a GPU."""
+        """A whole pass with k proposals: built once per k, a CUDA graph replay on a GPU
+        when the mode captures by hand."""
         if k not in self._passes:
             if not 1 <= k < MAX_QUERY:
                 raise ValueError(f"k = {k} proposals: between 1 and {MAX_QUERY - 1}")
@@ -177,34 +153,49 @@ class Speculative:
                 draft()
                 return check()
 
-            if self.target.pos.is_cuda:
-                with torch.no_grad():
-                    # Capture runs the pass (warm-up, compilation): from slot 1, so that
-                    # it stays inside the cache, whatever the last generation left.
-                    self.target.pos.fill_(1)
-                    run = capture_graph(run, warmup=2)[0].replay
+            if self.target.pos.is_cuda and self.mode.graph == BY_HAND:
+                # A pass reads slot pos - 1 and writes up to k + 1 slots past pos.
+                run = graphed_step(self, run, warmup=2, span=k + 1, first_slot=1)
             self._passes[k] = run
         return self._passes[k]
 
+    def decode_step(self) -> None:
+        """One pass with `self.k` proposals: commits 1 ... k + 1 tokens."""
+        self.one_pass(self.k)()
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """Both models' prefill; the first token (and the logits returned) are the
+        target's."""
+        self.draft.prefill(prompt_ids)
+        return self.target.prefill(prompt_ids)
+
+    def step_logits(self, token: torch.Tensor) -> torch.Tensor:
+        """The target's one-token step (teacher forcing): speculation commits the
+        target's tokens, so its logits are the target's."""
+        return self.target.step_logits(token)
+
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, new_tokens: int,
-                 k: int) -> tuple[torch.Tensor, int]:
-        """`new_tokens` greedy tokens of the target after the prompt, k proposals a pass:
-        the tokens (1, new_tokens), int64 on the CPU, and the number of passes."""
+                 k: int | None = None) -> torch.Tensor:
+        """`new_tokens` greedy tokens of the target after the prompt, `k` (default
+        `self.k`) proposals a pass: (1, new_tokens), int64 on the CPU. The number of
+        passes it took is left in `self.passes`."""
+        k = self.k if k is None else k
         start = prompt_ids.shape[1]
-        # A pass writes up to k + 1 slots past the position before it.
-        if start + new_tokens + k > self.target.capacity:
-            raise ValueError(f"a prompt of {start} + {new_tokens} tokens + k = {k} exceeds "
-                             f"the capacity of {self.target.capacity} slots")
-        run = self.one_pass(k)  # first: capture runs passes
-        self.draft.prefill(prompt_ids)
-        self.target.prefill(prompt_ids)  # the first token is the target's
+        if new_tokens < 1:
+            return torch.empty((1, 0), dtype=torch.int64)
+        check_prompt(self, prompt_ids, new_tokens, extra=k)  # a pass writes k + 1 past pos
+        self.pos.fill_(1)  # a first capture finds room: the prefill replaces the state
+        run = self.one_pass(k)
+        self.prefill(prompt_ids)  # the first token is the target's
         last, passes, pos = start + new_tokens - 1, 0, start
         while pos < last:
             run()
             pos = int(self.target.pos.item())  # the pass's one host read
             passes += 1
-        return self.target.tokens[:, start: start + new_tokens].cpu(), passes
+        self.passes = passes
+        return self.target.tokens[:, start: start + new_tokens].cpu()
 
 
 def repeatable(pos: torch.Tensor, start: int, fn: Callable[[], object]) -> Callable[[], object]:

@@ -21,13 +21,13 @@ once and replayed. With `pdl` (Hopper and later, compiled kernels only) each ker
 a Programmatic Dependent Launch that loads its first weight tile while the kernel
 before it finishes.
 
-The math is StaticDecoder's (transformers' Llama forward), each op's result rounded to
-the model's dtype where PyTorch rounds it, so that in FP32 the tokens equal those of
-Chapter 2's loops and in BF16 the logits stay close to the model's. The prefill runs
-in plain PyTorch and writes the cache in the same layout.
+The math is the book's one Llama forward (`gpuinfer.model.llama.forward`), each op's
+result rounded to the model's dtype where PyTorch rounds it, so that in FP32 the tokens
+equal those of Chapter 2's loops and in BF16 the logits stay close to the model's. The
+prefill runs that forward itself, in PyTorch, on the same cache.
 
-`quantize` (e.g. `kernels.quant.quantize_int8`) replaces every matrix the step streams
-(the layers' and the lm_head) by a quantized copy, read by the same kernels; the
+`weights` (a `model.llama.WeightFormat`: `AS_STORED`, `INT8`) says how every matrix the
+step streams (the layers' and the lm_head) is stored; the same kernels read either. The
 embedding stays as it is, since a step reads one row of it.
 """
 
@@ -37,20 +37,20 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 import triton
-from transformers import LlamaForCausalLM
 
-from gpuinfer.decode.static import layer_weights, rms_norm, rotate_half
+from gpuinfer.decode.interface import check_prompt, generate, graphed_step
 from gpuinfer.kernels.attention import AttentionWorkspace, decode_attention
 from gpuinfer.kernels.common import INTERPRETED, Workspace, pdl_supported
 from gpuinfer.kernels.embed_head import ArgmaxWorkspace, embed, lm_head_argmax
 from gpuinfer.kernels.gemv import GemvConfig, gemv, gemv_silu
 from gpuinfer.kernels.qkv_rope import qkv_rope
-from gpuinfer.kernels.quant import Int8Matrix, linear, unpack
+from gpuinfer.kernels.quant import Int8Matrix, unpack
 from gpuinfer.kernels.tiling import GEMVS, PAIRED, default_attention, default_configs
-from gpuinfer.measure.timing import capture_graph
-from gpuinfer.model.configs import head_dim
+from gpuinfer.model.configs import load_llama
+from gpuinfer.model.llama import AS_STORED, KVCache, WeightFormat, forward, rotary_table, \
+    weights_of
+
 
 class TritonDecoder:
     """Greedy batch-1 decoding of a LlamaForCausalLM with Triton kernels.
@@ -67,35 +67,27 @@ class TritonDecoder:
     argmax (off by default: 16,032 programs arriving at one counter cost the H200
     about 90 µs); `attention`: {n_split, block_s, num_warps} over `default_attention`
     (which picks the split by the capacity);
-    `quantize`: None (the model's weights) or a function from a matrix to its quantized
-    form (`quantize_int8`), applied to every matrix of the step.
+    `weights`: the format the step's matrices are stored in (`AS_STORED`, `INT8`).
+    `model`: a LlamaForCausalLM or a checkpoint folder (`model.configs.load_llama`).
     """
 
-    def __init__(self, model: LlamaForCausalLM, batch: int = 1, capacity: int = 1024,
+    def __init__(self, model, batch: int = 1, capacity: int = 1024,
                  *, pdl: bool = True, configs: dict | None = None,
                  inline_reduce: bool = True, inline_argmax: bool = False,
-                 attention: dict | None = None,
-                 quantize: Callable[[torch.Tensor], Int8Matrix] | None = None):
+                 attention: dict | None = None, weights: WeightFormat = AS_STORED):
         if batch != 1:
             raise NotImplementedError(f"TritonDecoder decodes one sequence (batch=1), "
                                       f"not {batch}: its kernels are batch-1 GEMVs")
-        cfg, llama = model.config, model.model
-        if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
-            raise NotImplementedError("TritonDecoder covers Llamas without biases")
+        model = load_llama(model)
+        cfg = model.config
         self.batch, self.capacity = batch, capacity
-        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = head_dim(cfg)
-        self.eps = cfg.rms_norm_eps
-        self.layers = layer_weights(model)  # Chapter 3's stacked q/k/v and gate/up
-        self.embed = llama.embed_tokens.weight.detach()
-        self.norm = llama.norm.weight.detach()
-        self.lm_head = model.lm_head.weight.detach()  # the embedding itself when tied
-        self.quantized = quantize is not None
-        if quantize is not None:
-            self.layers = [replace(w, qkv=quantize(w.qkv), o=quantize(w.o),
-                                   gate_up=quantize(w.gate_up), down=quantize(w.down))
-                           for w in self.layers]
-            self.lm_head = quantize(self.lm_head)  # a copy: the embedding stays
+        self.model_weights = weights_of(model, weights)  # the stacked q/k/v and gate/up
+        w = self.model_weights
+        self.n_heads, self.n_kv, self.head_dim, self.eps = (w.n_heads, w.n_kv_heads,
+                                                            w.head_dim, w.eps)
+        self.layers, self.embed, self.norm = w.layers, w.embed, w.norm
+        self.lm_head = w.lm_head  # the embedding itself when tied and as stored
+        self.quantized = weights is not AS_STORED
         dev, dtype = self.embed.device, self.embed.dtype
         self.device, self.dtype = dev, dtype
         hidden, inter = cfg.hidden_size, cfg.intermediate_size
@@ -110,17 +102,16 @@ class TritonDecoder:
         self.x, self.h = zeros(hidden), zeros(inter)  # residual stream, SiLU(gate) * up
         self.q, self.attn = (zeros(self.n_heads * self.head_dim) for _ in range(2))
         self.logits = zeros(vocab)
-        with torch.no_grad():  # cos and sin of every slot, by the model's rotary module
-            slots = torch.arange(capacity, device=dev)[None]
-            cos, sin = llama.rotary_emb(self.embed, slots)
-        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # (capacity, d)
+        self.cos, self.sin = rotary_table(model, capacity)  # (capacity, d)
+        # The prefill's view of the cache: one (1, kv_heads, capacity, d) view per layer.
+        self.cache = KVCache(list(self.k_cache[:, None]), list(self.v_cache[:, None]),
+                             self.cos, self.sin, torch.arange(capacity, device=dev))
 
         self.pdl = pdl and pdl_supported(dev)
         self.inline_reduce = inline_reduce
         self.inline_argmax = inline_argmax and inline_reduce
         self.on_gpu = dev.type == "cuda" and not INTERPRETED  # compiled kernels, graphs
-        weights = "int8" if self.quantized else "bf16"
-        configs = {**default_configs(self.on_gpu, weights), **(configs or {})}
+        configs = {**default_configs(self.on_gpu, weights.name), **(configs or {})}
         ks = {"qkv": hidden, "o": self.n_heads * self.head_dim, "gate_up": hidden,
               "down": inter, "lm_head": hidden}
         self.configs = {name: self._fit(configs[name], ks[name]) for name in GEMVS}
@@ -139,7 +130,7 @@ class TritonDecoder:
             self.attention["n_split"])
         self.argmax_workspace = ArgmaxWorkspace(
             dev, triton.cdiv(vocab, self.configs["lm_head"].block_n))
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph: Callable[[], None] | None = None  # the captured step's replay
 
     def _fit(self, config: GemvConfig, k: int) -> GemvConfig:
         split_k = config.split_k if self.inline_reduce else 1  # needs the last program
@@ -147,8 +138,7 @@ class TritonDecoder:
 
     def weights(self) -> list[torch.Tensor | Int8Matrix]:
         """Every weight a step reads in full: the layers' and the lm_head."""
-        return [w for layer in self.layers for w in vars(layer).values()] + [
-            self.norm, self.lm_head]
+        return self.model_weights.streamed()
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor a step reads or writes (their addresses never change)."""
@@ -191,12 +181,10 @@ class TritonDecoder:
                        eps=eps, config=cfg["lm_head"], inline=self.inline_argmax,
                        pdl=pdl, workspace=self.argmax_workspace)
 
-    def capture(self, warmup: int = 2) -> torch.cuda.CUDAGraph:
-        """Capture decode_step in a CUDA graph (compiling the kernels first, on a side
-        stream, as the CUDA-graph docs prescribe). Prefill afterwards: the warm-up steps
-        start from slot 0 and leave the state behind them."""
-        self.pos.zero_()
-        self.graph, _ = capture_graph(self.decode_step, warmup=warmup)
+    def capture(self, warmup: int = 2) -> Callable[[], None]:
+        """Capture decode_step in a CUDA graph (`decode.interface.graphed_step`: the
+        decoder's state is the same after as before, a prefill included); its replay."""
+        self.graph = graphed_step(self, warmup=warmup)
         return self.graph
 
     def step_function(self, graph: bool | None = None):
@@ -205,44 +193,18 @@ class TritonDecoder:
             graph = self.on_gpu
         if not graph:
             return self.decode_step
-        return (self.graph or self.capture()).replay
-
-    @torch.no_grad()
-    def forward_torch(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits of the last of input_ids (1, T) at slots 0..T-1, in plain PyTorch,
-        writing their keys and values into the cache (the prefill)."""
-        length = input_ids.shape[1]
-        h, kv, d = self.n_heads, self.n_kv, self.head_dim
-        x = F.embedding(input_ids, self.embed)
-        cos, sin = self.cos[:length, None, :], self.sin[:length, None, :]
-        for i, w in enumerate(self.layers):
-            qkv = linear(rms_norm(x, w.input_norm, self.eps), w.qkv)
-            qkv = qkv.view(1, length, h + 2 * kv, d)
-            qk = qkv[:, :, : h + kv]
-            qk = qk * cos + rotate_half(qk) * sin
-            q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]
-            self.k_cache[i, :, :length] = k[0].transpose(0, 1)
-            self.v_cache[i, :, :length] = v[0].transpose(0, 1)
-            o = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                scale=d**-0.5, enable_gqa=True)
-            x = x + linear(o.transpose(1, 2).reshape(1, length, h * d), w.o)
-            gate_up = linear(rms_norm(x, w.post_norm, self.eps), w.gate_up)
-            gate, up = gate_up.chunk(2, -1)
-            x = x + linear(F.silu(gate) * up, w.down)
-        return linear(rms_norm(x[:, -1], self.norm, self.eps), self.lm_head)
+        return self.graph or self.capture()
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        """Reset the state to a new prompt: the cache of its slots, its first new token
-        in tokens[len], pos = len. In place, so a captured graph stays valid. Returns the
-        logits of the last prompt position (1, vocab), as StaticDecoder.prefill does."""
+        """Reset the state to a new prompt: the cache of its slots (the book's Llama
+        forward, in PyTorch), its first new token in tokens[len], pos = len. In place, so
+        a captured graph stays valid. Returns the logits of the last prompt position."""
         length = prompt_ids.shape[1]
-        if prompt_ids.shape[0] != 1 or length >= self.capacity:
-            raise ValueError(f"prompt {tuple(prompt_ids.shape)} does not fit batch 1, "
-                             f"capacity {self.capacity}")
+        check_prompt(self, prompt_ids)
         self.tokens[:, :length].copy_(prompt_ids)
-        logits = self.forward_torch(self.tokens[:, :length])
+        logits = forward(self.model_weights, self.cache, self.tokens[:, :length],
+                         self.cache.slots[:length])
         self.tokens[:, length] = logits.argmax(-1)
         self.pos.fill_(length)
         return logits
@@ -261,15 +223,8 @@ class TritonDecoder:
     def generate(self, prompt_ids: torch.Tensor, new_tokens: int,
                  graph: bool | None = None) -> torch.Tensor:
         """`new_tokens` greedy tokens after the prompt: int64 CPU (1, new_tokens)."""
-        if prompt_ids.shape[0] != 1:
-            raise NotImplementedError("TritonDecoder decodes one sequence (batch=1)")
-        if new_tokens < 1:
-            return torch.empty((prompt_ids.shape[0], 0), dtype=torch.int64)
-        length = prompt_ids.shape[1]
-        if length + new_tokens > self.capacity:
-            raise ValueError(f"{length} + {new_tokens} tokens exceed {self.capacity=}")
-        step = self.step_function(graph)  # capture first: capture runs decode_step
-        self.prefill(prompt_ids.to(self.device))
-        for _ in range(new_tokens - 1):
-            step()
-        return self.tokens[:, length : length + new_tokens].cpu()
+        if new_tokens >= 1:
+            check_prompt(self, prompt_ids, new_tokens)
+        if self.graph is None and (graph or graph is None and self.on_gpu):
+            self.pos.zero_()  # a first capture finds room: the prefill replaces the state
+        return generate(self, prompt_ids, new_tokens, self.step_function(graph))

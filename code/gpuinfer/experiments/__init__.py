@@ -1,1 +1,1 @@
-"""Chapter experiments that sweep or compare variants: the batch sweep and the GEMV bench."""
+"""Chapter experiments that sweep or compare variants: the batch sweep, the GEMV bench."""

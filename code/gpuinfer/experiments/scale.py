@@ -3,11 +3,11 @@ and the decode step walked along the roofline by batch size.
 
 - Ours: Chapter 3's `StaticDecoder` with the attention kernel `ATTENTION`, run in the modes
   `MODES`.
-- Measured side by side: any generate function, stock `generate()` or ours, first called on
-  its own (`first_call`: its compile time, tokens, peak memory, or the error that stopped
-  it), then timed with the others in interleaved rounds (`timing.decode_rounds`); the
-  `transformers` documentation's compile recipe (`docs_compiled_forward`); a profile of a
-  whole generation (`profile_generate`).
+- Measured side by side: any generate function of ours, first called on its own
+  (`first_call`: its compile time, tokens, peak memory, or the error that stopped it), then
+  timed with the others in interleaved rounds (`timing.decode_rounds`); stock `generate()`
+  and the `transformers` documentation's compile recipe are timed in processes of their own
+  (`gpuinfer.measure.stock`); a profile of a whole generation (`profile_generate`).
 - The batch roofline: `batch_sweep` times one step per batch size (the arithmetic of the
   roofline is `gpuinfer.model.cost`'s).
 """
@@ -31,8 +31,9 @@ from gpuinfer.measure.timing import Timing, wall_seconds
 from gpuinfer.model.configs import random_prompt
 from gpuinfer.model.cost import ModelShape, step_cost
 
-# At this size, in BF16, the fused attention kernel was faster on the H200 than transformers'
-# eager attention (two matmuls and a softmax, Chapter 3's choice for its FP32 model).
+# At this size, in BF16, the fused attention kernel was faster on the H200 than
+# transformers' eager attention (two matmuls and a softmax, Chapter 3's choice for its FP32
+# model).
 ATTENTION = "sdpa"
 # Chapter 3's ways of running the step, and the fastest of them compiled once for every
 # batch size of the batch sweep.
@@ -40,44 +41,12 @@ MODES = (runners.V4, runners.V5, runners.V9, runners.V8)
 SWEEP_MODE = dataclasses.replace(runners.V9, dynamic=True)
 
 
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------
 # Generations measured side by side
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------
 
-GenerateFn = Callable[[torch.Tensor, int], torch.Tensor]  # (prompt_ids, new_tokens) -> tokens
-
-
-def forget_compiled(model: LlamaForCausalLM) -> None:
-    """Drop what torch.compile and generate() cached for `model` (compiled code, CUDA-graph
-    pools, generate's compiled forward), so the next variant starts clean."""
-    for name in ("_compiled_call", "_last_compile_config"):
-        if name in vars(model):
-            delattr(model, name)
-    try:
-        torch._dynamo.reset()
-    except RuntimeError:  # torch 2.13: resetting one of its backends can add another to the
-        torch._dynamo.reset()  # dict it iterates over; the second pass finds them settled
-
-
-@contextlib.contextmanager
-def docs_compiled_forward(model: LlamaForCausalLM, *, recompile_limit: int = 4):
-    """The recipe of the transformers docs ("Optimizing inference"), for the duration:
-    `model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)`,
-    used with `cache_implementation="static"`.
-
-    One bound is added: a function that recompiles more than `recompile_limit` times raises
-    (by default dynamo would silently fall back to running it uncompiled after 8), so that a
-    recipe that keeps recompiling is reported as such, and cannot eat the chapter's budget.
-    """
-    forget_compiled(model)
-    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    try:
-        with torch._dynamo.config.patch(recompile_limit=recompile_limit,
-                                        fail_on_recompile_limit_hit=True):
-            yield
-    finally:
-        del model.forward  # the instance attribute: the class's forward is back
-        forget_compiled(model)
+# (prompt_ids, new_tokens) -> tokens
+GenerateFn = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 def describe_error(err: BaseException) -> str:
@@ -108,7 +77,7 @@ def first_call(name: str, generate: GenerateFn, prompt_ids: torch.Tensor, new_to
                *, context: Callable[[], contextlib.AbstractContextManager]
                = contextlib.nullcontext) -> FirstCall:
     """Run a variant's first generation of `new_tokens`, inside `context`. Any exception is
-    caught and kept as the variant's `error`: a variant that fails is reported, not hidden."""
+    caught and kept as the variant's `error`: a variant that fails is shown, not hidden."""
     result = FirstCall(name)
     try:
         with context():
@@ -133,9 +102,9 @@ def profile_generate(generate: GenerateFn, prompt_ids: torch.Tensor, new_tokens:
     return recorded.trace
 
 
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------
 # The batch roofline
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -187,7 +156,8 @@ def batch_sweep(model: LlamaForCausalLM, batches: list[int], *, prompt_len: int,
         try:
             with torch.no_grad():  # a decoder of its own, freed after its batch
                 decoder = StaticDecoder(model, batch, capacity, attention=ATTENTION)
-            prompt = random_prompt(model.config, prompt_len, batch=batch, seed=seed, device=dev)
+            prompt = random_prompt(model.config, prompt_len, batch=batch, seed=seed,
+                                   device=dev)
             graphs = counters["stats"]["unique_graphs"]
             # past its recompile limit torch.compile raises, instead of running the step
             # uncompiled and timed as if compiled
@@ -206,9 +176,8 @@ def batch_sweep(model: LlamaForCausalLM, batches: list[int], *, prompt_len: int,
             del decoder
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        points.append(BatchPoint(batch, timing,
-                                 step_cost(shape, batch=batch, context=context, itemsize=itemsize),
-                                 compiled))
+        cost = step_cost(shape, batch=batch, context=context, itemsize=itemsize)
+        points.append(BatchPoint(batch, timing, cost, compiled))
     return points, note
 
 

@@ -12,8 +12,8 @@
   `F.scaled_dot_product_attention`.
 
 All run from CUDA graphs, so that what is measured is the kernels, not their launches
-from Python: a product as a replay of many calls over rotated copies, the chain as one replay
-per call.
+from Python: a product as a replay of many calls over rotated copies, the chain as one
+replay per call.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from gpuinfer.kernels.common import Workspace
 from gpuinfer.kernels.gemv import GemvConfig, gemv
 from gpuinfer.kernels.quant import Int8Matrix
 from gpuinfer.kernels.tiling import PAIRED
+from gpuinfer.model.llama import AS_STORED, WeightFormat
 from gpuinfer.measure.timing import benchmark, benchmark_graph, capture_graph, fresh_inputs
 
 IMPLS = ("ours", "cuBLAS", "Inductor")
@@ -115,16 +116,16 @@ def _graphed(fn: Callable[[], object], keep: object) -> Callable[[], None]:
 
 def gemv_variants(n: int, k: int, impls=IMPLS, *, dtype=torch.bfloat16, device="cuda",
                   config: GemvConfig = GemvConfig(8, 2048, 1, 8), pdl: bool = False,
-                  quantize: Callable | None = None) -> tuple[dict, int]:
+                  weights: WeightFormat = AS_STORED) -> tuple[dict, int]:
     """({impl: fn}, bytes): each fn runs the product of an (n, k) matrix with a vector,
     the way impl does, once over each of several copies of the matrix that together
     exceed the L2 cache (each product reads its matrix from memory), as one graph
     replay; bytes is what one call reads of the matrices. Time the fns together
-    (`timing.interleaved_rounds`). `quantize` (e.g. quantize_int8): the matrices
-    stored quantized, their bytes counted as stored (scales included)."""
+    (`timing.interleaved_rounds`). `weights` (e.g. INT8): the format the matrices
+    are stored in, their bytes counted as stored (scales included)."""
     def matrix():
         w = torch.randn(n, k, device=device, dtype=dtype) * 0.02
-        return (w if quantize is None else quantize(w),)
+        return (weights.apply(w),)
 
     first = matrix()
     stored = first[0].nbytes  # as stored: int8 values and their scales, if quantized
@@ -146,11 +147,11 @@ def gemv_variants(n: int, k: int, impls=IMPLS, *, dtype=torch.bfloat16, device="
 
 def gemv_bandwidth(n: int, k: int, impl: str, *, dtype=torch.bfloat16, device="cuda",
                    config: GemvConfig = GemvConfig(8, 2048, 1, 8), pdl: bool = False,
-                   quantize: Callable | None = None, repeats: int = 10) -> float:
+                   weights: WeightFormat = AS_STORED, repeats: int = 10) -> float:
     """Bytes of an (n, k) matrix per second of its product with a vector, by `impl`,
     timed alone (`gemv_variants`, one impl)."""
     fns, nbytes = gemv_variants(n, k, (impl,), dtype=dtype, device=device,
-                                config=config, pdl=pdl, quantize=quantize)
+                                config=config, pdl=pdl, weights=weights)
     timing = benchmark(fns[impl], warmup=3, repeats=repeats)
     return nbytes / (timing.median / 1e3)
 

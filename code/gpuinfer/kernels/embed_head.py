@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpuinfer.decode.static import rms_norm
+from gpuinfer.model.llama import rms_norm
 from gpuinfer.kernels.common import (arrive, check_pow2, launch_options, pdl_wait,
                                      round_to)
 from gpuinfer.kernels.gemv import GemvConfig, prefetch, rows_dot

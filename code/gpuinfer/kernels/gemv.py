@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpuinfer.decode.static import rms_norm
+from gpuinfer.model.llama import rms_norm
 from gpuinfer.kernels.common import (Workspace, check_pow2, launch_options, pdl_wait,
                                      round_to, split_k_sum)
 from gpuinfer.kernels.quant import Int8Matrix, matvec_fp32, unpack

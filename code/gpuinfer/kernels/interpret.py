@@ -18,8 +18,9 @@ import sys
 
 # Ours, in import order (each binds names from the ones before it).
 MODULES = ("gpuinfer.kernels.common", "gpuinfer.kernels.gemv",
-           "gpuinfer.kernels.tiling", "gpuinfer.kernels.qkv_rope", "gpuinfer.kernels.attention",
-           "gpuinfer.kernels.embed_head", "gpuinfer.decode.triton_step")
+           "gpuinfer.kernels.tiling", "gpuinfer.kernels.qkv_rope",
+           "gpuinfer.kernels.attention", "gpuinfer.kernels.embed_head",
+           "gpuinfer.decode.triton_step")
 
 
 def use_interpreter() -> None:

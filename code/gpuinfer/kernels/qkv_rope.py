@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpuinfer.decode.static import rms_norm, rotate_half
+from gpuinfer.model.llama import rms_norm, rotate_half
 from gpuinfer.kernels.common import (Workspace, launch_options, pdl_wait, round_to,
                                      split_k_sum)
 from gpuinfer.kernels.gemv import GemvConfig, prefetch, rows_dot, workspace_for

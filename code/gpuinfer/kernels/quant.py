@@ -44,6 +44,11 @@ class Int8Matrix:
         FP32 it is exact: q * scale has at most 8 + 8 significant bits."""
         return (self.q.float() * self.scale.float()[:, None]).to(dtype or self.scale.dtype)
 
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W.T in plain PyTorch (the prefill): q widened to x's dtype, the product
+        scaled, as gpt-fast's WeightOnlyInt8Linear."""
+        return F.linear(x, self.q.to(x.dtype)) * self.scale
+
 
 def quantize_int8(w: torch.Tensor) -> Int8Matrix:
     """Symmetric per-row int8 of a 2-D floating-point matrix. An all-zero row gets
@@ -67,10 +72,3 @@ def matvec_fp32(w: torch.Tensor | Int8Matrix, x: torch.Tensor) -> torch.Tensor:
     q, scale = unpack(w)
     y = q.float() @ x.float()
     return y if scale is None else y * scale.float()
-
-
-def linear(x: torch.Tensor, w: torch.Tensor | Int8Matrix) -> torch.Tensor:
-    """F.linear for either kind of matrix (the prefill, in PyTorch): an int8 matrix is
-    widened to x's dtype, and the product scaled, as gpt-fast's WeightOnlyInt8Linear."""
-    q, scale = unpack(w)
-    return F.linear(x, q) if scale is None else F.linear(x, q.to(x.dtype)) * scale

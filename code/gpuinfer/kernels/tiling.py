@@ -1,7 +1,8 @@
 """How the decode step's kernels are tiled: one GemvConfig per weight matrix and the
 attention kernel's split, for a GPU and for the interpreter. The GPU values are the
-best of sweeps on an H200 (scripts/probes/probe_roof.py), each variant the whole
-graphed step, timed in interleaved rounds.
+best of sweeps on an H200, each variant the whole graphed step, timed in interleaved
+rounds (the probe `probe_roof.py` of commit f9a1975; scripts/probes/NOTES-triton.md has
+its runs).
 
 A kernel's best tiling depends on what runs beside it. Alone, or chained with other
 products and nothing else, 8 warps a program stream best (`alone_configs`); inside the

@@ -1,1 +1,1 @@
-"""Measuring: timing, launch costs, ceilings, profiling, the roofline and logit agreement."""
+"""Measuring: timing, launch costs, ceilings, profiling, the roofline, logit agreement."""

@@ -23,7 +23,8 @@ from gpuinfer.measure.timing import Timing, benchmark, benchmark_graph, fresh_in
 # 60 MB L2 of an H100/H200: by the time a pair comes round again, it has left the cache.
 ROTATION_BYTES = 2**29
 # A product of at least this many FLOPs runs for tens of microseconds or more even at the
-# tensor cores' peak (50 µs at 1 PFLOP/s): longer than its launch, so it is timed call by call.
+# tensor cores' peak (50 µs at 1 PFLOP/s): longer than its launch, so it is timed call
+# by call.
 LONG_MATMUL_FLOPS = 5e10
 
 
@@ -53,7 +54,7 @@ def copy_bandwidth(nbytes: int = 1 << 30, *, device, repeats: int = 20,
         timing = benchmark(lambda: dst.copy_(src), repeats=repeats)
     else:
         pairs = fresh_inputs(pair, moved, min_total_bytes=ROTATION_BYTES)
-        calls = max(len(pairs), 8)  # enough copies per replay to hide the replay's own launch
+        calls = max(len(pairs), 8)  # copies enough per replay to hide the replay's launch
         if same_buffer:
             del pairs[1:]  # every call copies the first pair again
         timing = benchmark_graph(copy, calls=calls, inputs=pairs, repeats=repeats)
@@ -66,11 +67,12 @@ def time_matmul(m: int, n: int, k: int, *, dtype: torch.dtype = torch.bfloat16, 
     """Kernel time of (m x k) @ (k x n), rotating over fresh inputs so that they come from
     memory, not from the cache.
 
-    A short product (under `LONG_MATMUL_FLOPS`, ~50 µs) is timed from back-to-back CUDA-graph
-    replays, since timed call by call it would measure its launch; a long one is timed call
-    by call, its launch hidden behind the kernel before it. `eager=True` times call by call
-    always: what an eager loop pays, launch included. `tf32=True` lets FP32 products run on
-    the tensor cores, rounding their inputs to TF32 (the previous setting is restored).
+    A short product (under `LONG_MATMUL_FLOPS`, ~50 µs) is timed from back-to-back
+    CUDA-graph replays, since timed call by call it would measure its launch; a long one is
+    timed call by call, its launch hidden behind the kernel before it. `eager=True` times
+    call by call always: what an eager loop pays, launch included. `tf32=True` lets FP32
+    products run on the tensor cores, rounding their inputs to TF32 (the previous setting
+    is restored).
     """
     itemsize = torch.finfo(dtype).bits // 8
     inputs = fresh_inputs(lambda: (torch.randn(m, k, device=device, dtype=dtype),

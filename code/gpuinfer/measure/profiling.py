@@ -30,7 +30,7 @@ BODY = "profiled code"  # the range around the code a session() profiles
 
 @contextlib.contextmanager
 def _native_stderr_muted():
-    """Silence what C++ code writes to file descriptor 2 (Kineto's "profiler_start" lines)."""
+    """Silence what C++ code writes to file descriptor 2 (Kineto's "profiler_start")."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:
@@ -43,7 +43,7 @@ def _native_stderr_muted():
 
 
 class Recorded:
-    """What a `session()` recorded: `trace`, the Chrome trace as a dict, once it has ended."""
+    """What a `session()` recorded: `trace`, the Chrome trace as a dict, once it ended."""
 
     trace: dict | None = None
 
@@ -98,16 +98,18 @@ def save_trace(trace: dict, path: str) -> None:
 
 
 def trim_trace(trace: dict, keep_steps: int, step_name: str = STEP) -> dict:
-    """Keep only the last `keep_steps` steps: their CPU events, their GPU work, the metadata."""
+    """Keep the last `keep_steps` steps only: their CPU events, GPU work and metadata."""
     steps = step_events(trace, step_name)[-keep_steps:]
     if not steps:
-        raise ValueError(f"no {step_name!r} ranges in the trace: was a decode loop profiled?")
+        raise ValueError(f"no {step_name!r} ranges in the trace: was a decode loop "
+                         "profiled?")
     start = steps[0].ts
     cpu_end = steps[-1].end
     launched = {e.correlation for e in events(trace, API_CATS) if start <= e.ts <= cpu_end}
     gpu = [e for e in events(trace, GPU_CATS) if e.correlation in launched]
     end = max([cpu_end] + [e.end for e in gpu])
-    overlapping = {e.correlation for e in events(trace, GPU_CATS) if e.end > start and e.ts < end}
+    overlapping = {e.correlation for e in events(trace, GPU_CATS)
+                   if e.end > start and e.ts < end}
     keep_gpu = launched | overlapping
     kept = []
     for raw in trace["traceEvents"]:
@@ -118,7 +120,7 @@ def trim_trace(trace: dict, keep_steps: int, step_name: str = STEP) -> dict:
                 kept.append(raw)
         elif "ts" in raw and start <= float(raw["ts"]) <= end:
             if raw.get("ph") == "X" and float(raw["ts"]) + float(raw.get("dur", 0)) > end:
-                continue  # a range that began inside but outlives the window (the profiler's own)
+                continue  # a range begun inside that outlives the window (the profiler's)
             kept.append(raw)
     out = {k: v for k, v in trace.items() if k != "traceEvents"}
     out["traceEvents"] = kept
@@ -155,10 +157,10 @@ def profile_steps(step: Callable[[], object], *, steps: int = 20,
 
     The profiler slows the host, a graph launch most of all, so that in its trace a short
     graphed step waits for its own launch. With `head_start`, a sleep kernel first holds the
-    GPU (`HEAD_START_CYCLES`) while the host launches every step; the GPU then runs the steps
-    back to back, as it does at speed, and the trace's GPU lane shows the steps' own gaps
-    (`StepStats.queued_ahead` says whether the head start was long enough). The sleep kernel
-    overlaps the steps' CPU ranges: in such a trace only the GPU-span figures of
+    GPU (`HEAD_START_CYCLES`) while the host launches every step; the GPU then runs the
+    steps back to back, as it does at speed, and the trace's GPU lane shows the steps' own
+    gaps (`StepStats.queued_ahead` says whether the head start was long enough). The sleep
+    kernel overlaps the steps' CPU ranges: in such a trace only the GPU-span figures of
     `StepStats` describe the steps.
     """
     with session() as recorded:
@@ -193,7 +195,8 @@ def profiled_kernels(fn: Callable, *, repeats: int = 20,
 def profiled_kernel_ms(fn: Callable, *, repeats: int = 20, warmup: int = 3) -> list[float]:
     """Durations (ms) of the device kernels `fn` launches (`profiled_kernels`).
 
-    The cross-check of `gpuinfer.measure.timing.benchmark`: for a kernel long enough that launch
-    gaps do not matter, the CUDA-event time and the profiler's kernel time must agree.
+    The cross-check of `gpuinfer.measure.timing.benchmark`: for a kernel long enough that
+    launch gaps do not matter, the CUDA-event time and the profiler's kernel time must
+    agree.
     """
     return [ms for _, ms in profiled_kernels(fn, repeats=repeats, warmup=warmup)]

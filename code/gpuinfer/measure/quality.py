@@ -27,8 +27,8 @@ class LogitAgreement:
     top1: float  # the fraction of steps (and sequences) whose most likely token agrees
 
     def __str__(self) -> str:
-        return (f"{self.steps} steps: max |Δ| {self.max_abs:.3g} ({100 * self.rel:.2g} % of "
-                f"the logit scale), top-1 agreement {100 * self.top1:.1f} %")
+        return (f"{self.steps} steps: max |Δ| {self.max_abs:.3g} ({100 * self.rel:.2g} % "
+                f"of the logit scale), top-1 agreement {100 * self.top1:.1f} %")
 
 
 def agreement_markdown(agreements: dict[str, LogitAgreement], what: str) -> str:

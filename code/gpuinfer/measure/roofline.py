@@ -1,8 +1,8 @@
 """The roofline model: datasheet ceilings, arithmetic intensity, attainable performance.
 
 A kernel that does F floating-point operations and must move B bytes through device memory
-has arithmetic intensity I = F / B (FLOP per byte). On a GPU with peak compute P (FLOP/s) and
-memory bandwidth W (bytes/s) it can run no faster than
+has arithmetic intensity I = F / B (FLOP per byte). On a GPU with peak compute P (FLOP/s)
+and memory bandwidth W (bytes/s) it can run no faster than
 
     attainable(I) = min(P, W * I)
 
@@ -10,8 +10,8 @@ Below the ridge point I* = P / W the kernel is memory-bound (bytes set the time)
 compute-bound. Williams, Waterman and Patterson, "Roofline: an insightful visual performance
 model for multicore architectures", CACM 52(4), 2009.
 
-Everything here is plain arithmetic in SI units (FLOP, bytes, seconds), so it is tested on the
-CPU against hand-computed values.
+Everything here is plain arithmetic in SI units (FLOP, bytes, seconds), so it is tested on
+the CPU against hand-computed values.
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ import re
 from dataclasses import dataclass
 
 
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------
 # Datasheet ceilings
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """Datasheet ceilings of one GPU: dense (no sparsity) peaks in TFLOP/s, bandwidth in TB/s.
+    """Datasheet ceilings of one GPU: dense (no sparsity) peaks in TFLOP/s, bandwidth in
+    TB/s.
 
     A peak is None where the GPU has no such mode (the T4 has no TF32 and no BF16).
     """
@@ -42,22 +43,22 @@ class GPUSpec:
     source: str
 
     def peak_tflops(self, precision: str) -> float | None:
-        return {"fp32": self.fp32_tflops, "tf32": self.tf32_tflops, "bf16": self.bf16_tflops}[
-            precision
-        ]
+        peaks = {"fp32": self.fp32_tflops, "tf32": self.tf32_tflops,
+                 "bf16": self.bf16_tflops}
+        return peaks[precision]
 
 
-# Dense tensor-core peaks: NVIDIA's datasheets quote TF32/BF16 "with sparsity" (2x); the dense
-# figure is half of that. FP32 is the non-tensor (CUDA-core) peak.
+# Dense tensor-core peaks: NVIDIA's datasheets quote TF32/BF16 "with sparsity" (2x); the
+# dense figure is half of that. FP32 is the non-tensor (CUDA-core) peak.
 GPU_SPECS: tuple[GPUSpec, ...] = (
     GPUSpec("A100 SXM4 40GB", r"A100-SXM4-40GB", "40 GB HBM2", 1.555, 19.5, 156.0, 312.0,
             "NVIDIA A100 Tensor Core GPU datasheet (2021)"),
     GPUSpec("A100 SXM4 80GB", r"A100-SXM4-80GB", "80 GB HBM2e", 2.039, 19.5, 156.0, 312.0,
             "NVIDIA A100 Tensor Core GPU datasheet (2021)"),
-    GPUSpec("H100 SXM5 80GB", r"H100 80GB HBM3|H100 SXM", "80 GB HBM3", 3.35, 67.0, 494.7, 989.4,
-            "NVIDIA H100 Tensor Core GPU datasheet (2023)"),
-    GPUSpec("H200 SXM 141GB", r"^NVIDIA H200$|H200 SXM", "141 GB HBM3e", 4.8, 67.0, 494.7, 989.4,
-            "NVIDIA H200 Tensor Core GPU datasheet (2024)"),
+    GPUSpec("H100 SXM5 80GB", r"H100 80GB HBM3|H100 SXM", "80 GB HBM3", 3.35, 67.0, 494.7,
+            989.4, "NVIDIA H100 Tensor Core GPU datasheet (2023)"),
+    GPUSpec("H200 SXM 141GB", r"^NVIDIA H200$|H200 SXM", "141 GB HBM3e", 4.8, 67.0, 494.7,
+            989.4, "NVIDIA H200 Tensor Core GPU datasheet (2024)"),
     GPUSpec("L40S", r"L40S", "48 GB GDDR6", 0.864, 91.6, 183.0, 362.05,
             "NVIDIA L40S GPU datasheet (2023)"),
     GPUSpec("T4", r"\bT4$", "16 GB GDDR6", 0.320, 8.1, None, None,
@@ -79,9 +80,9 @@ def lookup_spec(device_name: str | None) -> GPUSpec | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------
 # Roofline arithmetic
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------
 
 
 def attainable(intensity: float, peak_flops: float, bandwidth: float) -> float:
@@ -100,8 +101,8 @@ def ridge_point(peak_flops: float, bandwidth: float) -> float:
 
 @dataclass(frozen=True)
 class Workload:
-    """What a kernel must do: FLOPs, and the fewest bytes it must move (each input read once,
-    each output written once)."""
+    """What a kernel must do: FLOPs, and the fewest bytes it must move (each input read
+    once, each output written once)."""
 
     name: str
     flops: float
@@ -122,7 +123,7 @@ def elementwise(name: str, numel: int, itemsize: int, *, inputs: int = 1, output
 
 
 def reduction(name: str, numel: int, itemsize: int) -> Workload:
-    """A full reduction (sum): one add per element read; the scalar written is negligible."""
+    """A full reduction (sum): an add per element read; the scalar written is negligible."""
     return Workload(name, numel, numel * itemsize)
 
 
@@ -137,7 +138,7 @@ def softmax(name: str, rows: int, cols: int, itemsize: int) -> Workload:
 
 
 def matmul(name: str, m: int, n: int, k: int, itemsize: int) -> Workload:
-    """(m x k) @ (k x n): 2mnk FLOPs (a multiply and an add per term); A and B read, C written.
+    """(m x k) @ (k x n): 2mnk FLOPs (a multiply and an add per term); A, B read, C written.
 
     Square n = 4096 in bf16: 2 * 4096^3 FLOP over 3 * 4096^2 * 2 bytes = 1365 FLOP/byte.
     With m = 1 (a decode step's matrix-vector product) the weight matrix dominates the bytes

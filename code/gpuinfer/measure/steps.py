@@ -2,9 +2,9 @@
 
 Every decode loop of the book iterates over `decode_steps(range(...))`. While a profiler
 records, each step is a named range (`record_function("decode_step")`) in its trace, which
-is how `gpuinfer.report.trace` finds the steps. Inside `step_clock()`, each step boundary also
-records a timestamp: a CUDA event on the GPU (recording one does not synchronize, so the
-loop runs as it would without the clock), the host clock on a CPU.
+is how `gpuinfer.report.trace` finds the steps. Inside `step_clock()`, each step boundary
+also records a timestamp: a CUDA event on the GPU (recording one does not synchronize, so
+the loop runs as it would without the clock), the host clock on a CPU.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ _marks: list | None = None  # set inside step_clock(): one timestamp per step bo
 
 
 def _timestamp():
-    """A CUDA event recorded on the current stream (no sync), or the host clock on the CPU."""
+    """A CUDA event recorded on the current stream (no sync), or the host clock on a CPU."""
     if torch.cuda.is_available():
         event = torch.cuda.Event(enable_timing=True)
         event.record()
@@ -56,7 +56,7 @@ class StepTimes:
         self.marks: list = []
 
     def times_ms(self) -> list[float]:
-        """Duration of every decode step, in ms (CUDA events: GPU timeline; else host clock)."""
+        """Each decode step's duration, ms (CUDA events: GPU timeline; else host clock)."""
         if len(self.marks) < 2:
             return []
         if isinstance(self.marks[0], float):
@@ -67,7 +67,7 @@ class StepTimes:
 
 @contextlib.contextmanager
 def step_clock():
-    """Record a timestamp at every decode-step boundary of the one decode call run inside."""
+    """Record a timestamp at every decode-step boundary of the one decode call inside."""
     global _marks
     clock = StepTimes()
     _marks = clock.marks

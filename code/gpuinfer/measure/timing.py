@@ -188,17 +188,17 @@ def wall_seconds(fn: Callable[[], object]) -> tuple[object, float]:
     return out, time.perf_counter() - t0
 
 
-def fresh_inputs(make: Callable[[], tuple], bytes_per_set: int, *, min_total_bytes: int = 2**28,
-                 max_sets: int = 1000) -> list[tuple]:
+def fresh_inputs(make: Callable[[], tuple], bytes_per_set: int, *,
+                 min_total_bytes: int = 2**28, max_sets: int = 1000) -> list[tuple]:
     """Enough independent input sets that rotating over them touches `min_total_bytes`
     (default 256 MiB, four times the 60 MB L2 of an H100/H200), so repeats read HBM."""
     count = max(1, min(max_sets, -(-min_total_bytes // max(bytes_per_set, 1))))
     return [make() for _ in range(count)]
 
 
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------
 # Comparing variants: interleaved rounds, and a verdict that respects their spread
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------
 
 
 def _time_call(fn: Callable[[], object]) -> float:
@@ -282,7 +282,8 @@ def decode_rounds(generates: dict[Hashable, Callable[[torch.Tensor, int], object
              for name, g in generates.items() for n in (new_tokens, 1)}
     timed = interleaved_rounds(calls, rounds=rounds, warmup=warmup)
     per_token = {name: tuple((whole - first) / (new_tokens - 1) for whole, first in
-                             zip(timed.times_ms[(name, new_tokens)], timed.times_ms[(name, 1)]))
+                             zip(timed.times_ms[(name, new_tokens)],
+                                 timed.times_ms[(name, 1)]))
                  for name in generates}
     first = {name: timed.times_ms[(name, 1)] for name in generates}
     return Rounds(per_token, timed.clock), Rounds(first, timed.clock)
@@ -316,7 +317,9 @@ class Comparison:
         """"3.2× faster", "1.5× slower", or "the same within this run's noise"."""
         if not self.separated:
             return "the same within this run's noise"
-        return f"{_x(self.ratio)} faster" if self.ratio > 1 else f"{_x(1 / self.ratio)} slower"
+        if self.ratio > 1:
+            return f"{_x(self.ratio)} faster"
+        return f"{_x(1 / self.ratio)} slower"
 
     @property
     def range(self) -> str:
@@ -325,7 +328,7 @@ class Comparison:
         return f"{lo:.3g}–{_x(hi)} over {self.rounds} rounds"
 
     def sentence(self, a: str | None = None, b: str | None = None) -> str:
-        """The verdict as a sentence, naming the variants `a` and `b` (default: their keys)."""
+        """The verdict as a sentence, naming the variants `a` and `b` (default: keys)."""
         a, b = a or self.a, b or self.b
         if not self.separated:
             return (f"{a} and {b} take the same time within this run's noise (their "

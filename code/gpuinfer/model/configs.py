@@ -14,8 +14,10 @@ shapes, not on the values. `CONFIGS` holds every model the book runs:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
 _TINY = dict(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
              num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=2048,
@@ -55,6 +57,44 @@ def model_config(name: str, **overrides) -> LlamaConfig:
 def head_dim(config: LlamaConfig) -> int:
     """Features per attention head: the config's own, or hidden / heads where it has none."""
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def check_llama(config) -> None:
+    """Refuse, with what to do instead, a model the book's decoders do not cover: another
+    architecture than Llama's, or a Llama with biases in its projections."""
+    kind = getattr(config, "model_type", None)
+    if kind != "llama":
+        raise NotImplementedError(
+            f"the book's decoders cover Llama models (model_type 'llama'), not {kind!r}: "
+            "load a Llama checkpoint (Llama 2, 3, 3.1, 3.2, TinyLlama, SmolLM ...)")
+    biased = [n for n in ("attention_bias", "mlp_bias") if getattr(config, n, False)]
+    if biased:
+        raise NotImplementedError(
+            f"this Llama has {' and '.join(biased)}=True; the decoders' projections have "
+            "no bias terms: use transformers' generate() for it")
+
+
+def load_llama(source, *, dtype: torch.dtype = torch.bfloat16,
+               device: torch.device | str = "cpu",
+               attn_implementation: str = "sdpa") -> LlamaForCausalLM:
+    """A Llama to decode: `source` is a `LlamaForCausalLM` (returned as it is, checked) or
+    the path of a local checkpoint folder (`save_pretrained`'s), loaded in `dtype` on
+    `device`, in eval mode. Nothing is downloaded."""
+    if isinstance(source, LlamaForCausalLM):
+        check_llama(source.config)
+        return source
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"load_llama takes a LlamaForCausalLM or a checkpoint folder, not "
+                        f"{type(source).__name__}")
+    folder = Path(source)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder}: no config.json there; give the folder that "
+                                "save_pretrained() wrote (config.json and the weights)")
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    check_llama(config)
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True,
+                                             attn_implementation=attn_implementation)
+    return model.to(device).eval()
 
 
 def build_model(config: LlamaConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32,

@@ -16,11 +16,11 @@ import re
 import sys
 from pathlib import Path
 
-from gpuinfer.publish import recordings
-from gpuinfer.publish.recordings import METADATA_KEY
+from gpuinfer.publish.validation import METADATA_KEY, load_notebook
 
 GLUE_PREFIX = "application/papermill.record/"  # myst_nb.glue(..., display=False)
-NUMBER = re.compile(r"^(?:np\.\w+\()?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\s*\)?$")
+NUMBER = re.compile(r"^(?:np\.\w+\()?\s*"  # np.float64( ... ) around it, or not
+                    r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\s*\)?$")
 
 
 def glued_values(path: Path | str) -> dict[str, str]:
@@ -66,7 +66,8 @@ def compare(baseline: Path | str, yours: Path | str) -> list[tuple[str, str, str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpuinfer.publish.compare",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("baseline", type=Path, help="e.g. the H200 recording of the chapter")
+    parser.add_argument("baseline", type=Path,
+                        help="e.g. the H200 recording of the chapter")
     parser.add_argument("yours", type=Path, help="e.g. book/_recorded/01_roofline.ipynb")
     args = parser.parse_args(argv)
     for path in (args.baseline, args.yours):
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: no such notebook {path}", file=sys.stderr)
             return 2
         try:  # a notebook nbformat validates: glued_values can then walk it
-            recordings.load_notebook(path)
+            load_notebook(path)
         except ValueError as exc:
             print(f"error: {path} is not a notebook ({exc}); give two recordings (.ipynb) "
                   "of one chapter", file=sys.stderr)
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     widths = [max(len(r[i]) for r in rows + [("value", "baseline", "yours", "ratio")])
               for i in range(4)]
     for row in [("value", "baseline", "yours", "ratio")] + rows:
-        print("  ".join(cell[:40].ljust(min(w, 40)) for cell, w in zip(row, widths)).rstrip())
+        cells = (cell[:40].ljust(min(w, 40)) for cell, w in zip(row, widths))
+        print("  ".join(cells).rstrip())
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Record chapters on the GPU: `python -m gpuinfer.publish.record [chapter ...] [--allow-cpu]`.
+"""Record chapters on the GPU:
+`python -m gpuinfer.publish.record [chapter ...] [--allow-cpu]`.
 
 The book is the one of the current directory (the nearest folder at or above it with a
 `_toc.yml`), or `--root`. Each chapter (default: every chapter of the TOC) is executed in a
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import logging
 import os
 import re
@@ -31,23 +31,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuinfer.publish import recordings, store
+from gpuinfer.publish import book, store
+from gpuinfer.publish.hashes import current_hashes
+from gpuinfer.publish.preflight import (UsageError, book_chapters, check_writable,
+                                        find_root, free_mb, missing_packages,
+                                        recordings_folders, select_chapters)
+from gpuinfer.publish.validation import METADATA_KEY
 
-# Every module the recorder imports that is not in the standard library, with its pip name.
-REQUIRED = {"nbclient": "nbclient", "nbformat": "nbformat", "jupytext": "jupytext",
-            "ipykernel": "ipykernel", "myst_nb": "myst-nb", "yaml": "pyyaml",
-            "torch": "torch"}
 CELL_TIMEOUT_S = 900
 SIZE_LIMIT_MB = 20  # all recordings together, in the repository
-# Free space a run needs: in the temporary folder, raw profiler traces and the compilers'
-# caches; beside the recordings, the new recording staged next to the old one.
-MIN_FREE_TMP_MB = 512
-MIN_FREE_RECORDINGS_MB = 64
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-
-
-class UsageError(Exception):
-    """Bad input: exit code 2 and a message that names the fix."""
 
 
 @dataclass
@@ -60,120 +53,6 @@ class Result:
 
 def log(msg: str) -> None:
     print(msg, flush=True)
-
-
-def missing_packages() -> list[str]:
-    """The pip names of the required packages that do not import."""
-    missing = []
-    for module, package in REQUIRED.items():
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            missing.append(package)
-    return missing
-
-
-def find_root(start: Path) -> Path:
-    """The book that holds `start`: the nearest folder at or above it with a _toc.yml."""
-    start = start.resolve()
-    for folder in (start, *start.parents):
-        if (folder / "_toc.yml").is_file():
-            return folder
-    raise UsageError(f"{start} is not inside a book (no _toc.yml in it or above it): run "
-                     "this in the book's folder, or name it with --root")
-
-
-def book_chapters(root: Path) -> dict[str, Path]:
-    """The book's chapters; UsageError (its one line) if the TOC or a page is unreadable."""
-    if not (root / "_toc.yml").is_file():
-        raise UsageError(f"--root {root}: no _toc.yml there; name the book's root folder")
-    try:
-        known = recordings.chapters(root)
-    except recordings.BookError as exc:
-        raise UsageError(str(exc)) from None
-    if not known:
-        raise UsageError(f"no chapters (MyST notebooks) in {root / '_toc.yml'}")
-    return known
-
-
-def _as_chapter_file(name: str, root: Path, known: dict[str, Path]) -> str | None:
-    """The stem of the chapter that `name`, given as a file path, is; None if `name` is not
-    a path. A path is taken from the current folder (then from the book's root, as the
-    README writes them); a file that is not one of this book's chapters is an error, not
-    the chapter of this book with the same name."""
-    if "/" not in name and not name.endswith(".md"):
-        return None
-    for base in (Path.cwd(), root):
-        candidate = (base / name).resolve()
-        if candidate.is_file():
-            for stem, path in known.items():
-                if path.resolve() == candidate:
-                    return stem
-            raise UsageError(f"{name} is not a chapter of the book at {root}: record it in "
-                             "its own book (--root), or name one of these chapters: "
-                             f"{', '.join(known)}")
-    raise UsageError(f"no file {name}; name a chapter of the book at {root}: "
-                     f"{', '.join(known)}")
-
-
-def select_chapters(root: Path, names: list[str]) -> dict[str, Path]:
-    """The chapters named on the command line: a stem, a unique prefix like 01, or the
-    chapter's file."""
-    known = book_chapters(root)
-    if not names:
-        return known
-    chosen = {}
-    for name in names:
-        stem = _as_chapter_file(name, root, known)
-        if stem is None:
-            stem = name
-        matches = [stem] if stem in known else [c for c in known if c.startswith(stem)]
-        if len(matches) > 1:
-            raise UsageError(f"{name!r} is ambiguous: it starts {', '.join(matches)}. "
-                             "Give more of the name")
-        if not matches:
-            raise UsageError(f"unknown chapter {name!r}. The chapters are: {', '.join(known)}")
-        chosen[matches[0]] = known[matches[0]]
-    return chosen
-
-
-def recordings_folders(chapters: dict[str, Path]) -> list[Path]:
-    return sorted({recordings.recording_path(p).parent for p in chapters.values()})
-
-
-def _free_mb(folder: Path) -> float:
-    return shutil.disk_usage(folder).free / 2**20
-
-
-def check_writable(chapters: dict[str, Path]) -> None:
-    """Fail now, not after an hour of GPU work, if a recording could not be written: each
-    recordings folder must take a file and have room, no recording may be a link (it would
-    be written through it), and the temporary folder must have room for the run."""
-    for folder in recordings_folders(chapters):
-        try:
-            folder.mkdir(exist_ok=True)
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check.", suffix=".tmp")
-            os.close(fd)
-            Path(probe).unlink(missing_ok=True)
-        except OSError as exc:
-            raise UsageError(f"cannot write recordings into {folder}: {exc.strerror or exc}. "
-                             "Make it a writable folder, then record again") from None
-        if _free_mb(folder) < MIN_FREE_RECORDINGS_MB:
-            raise UsageError(f"{folder} has {_free_mb(folder):.0f} MB free; a recording is "
-                             f"staged beside the old one and needs {MIN_FREE_RECORDINGS_MB} "
-                             "MB or more there. Free some space, then record again")
-    for path in chapters.values():
-        for target in (recordings.recording_path(path), recordings.artifacts_path(path)):
-            if target.is_symlink():
-                raise UsageError(f"{target} is a link (to {os.readlink(target)}); a recording "
-                                 "is written as plain files in its folder. Remove the link "
-                                 f"(rm {target}), then record again")
-    tmp = Path(tempfile.gettempdir())
-    if _free_mb(tmp) < MIN_FREE_TMP_MB:
-        raise UsageError(f"the temporary folder {tmp} has {_free_mb(tmp):.0f} MB free; a "
-                         "recording writes its profiler traces and compiled kernels there "
-                         f"and needs {MIN_FREE_TMP_MB} MB or more. Free some space, or set "
-                         "TMPDIR to a folder with room")
 
 
 @contextlib.contextmanager
@@ -190,9 +69,9 @@ def hold_and_recover(chapters: dict[str, Path]):
             try:
                 stack.enter_context(store.lock(folder))
             except store.Busy:
-                raise UsageError(f"another recorder is writing into {folder}; wait until it "
-                                 "ends (two runs on one GPU would also disturb each other's "
-                                 "timings), or stop it") from None
+                raise UsageError(f"another recorder is writing into {folder}; wait until "
+                                 "it ends (two runs on one GPU would also disturb each "
+                                 "other's timings), or stop it") from None
             for line in store.recover(folder):
                 log(f"{folder}: {line}")
         from gpuinfer.env import remove_stale_scratch  # the scratch folders of killed runs
@@ -273,11 +152,11 @@ def _tmp_full_hint() -> str:
     run: a cell then fails with whatever error its library gives for a file it could not
     write (a FileNotFoundError for a trace, say)."""
     tmp = Path(tempfile.gettempdir())
-    free = _free_mb(tmp)
+    free = free_mb(tmp)
     if free >= 16:
         return ""
-    return (f" The temporary folder {tmp} is full ({free:.0f} MB free), which is likely the "
-            "cause: free some space, or set TMPDIR to a folder with room.")
+    return (f" The temporary folder {tmp} is full ({free:.0f} MB free), which is likely "
+            "the cause: free some space, or set TMPDIR to a folder with room.")
 
 
 def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Result:
@@ -287,15 +166,16 @@ def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Resu
 
     from gpuinfer.env import provenance, scratch_dir
 
-    rec = recordings.recording_path(path)
+    rec = book.recording_path(path)
     start = time.perf_counter()
     scratch = None
     try:
-        scratch = Path(scratch_dir(f"record-{chapter}"))  # removed at exit or by the next run
+        # removed at exit, or by the next run if this one is killed
+        scratch = Path(scratch_dir(f"record-{chapter}"))
         artifacts = scratch / "artifacts"
         artifacts.mkdir()
-        nb = recordings.read_chapter(path)
-        hashes = recordings.current_hashes(nb)  # of the code that runs, before it runs
+        nb = book.read_chapter(path)
+        hashes = current_hashes(nb)  # of the code that runs, before it runs
         execute(chapter, nb, path.parent, artifacts, scratch / "kernel.json")
         seconds = time.perf_counter() - start
         strip(nb)
@@ -303,7 +183,7 @@ def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Resu
         meta.update(hashes)
         meta.update(seconds=round(seconds, 1), allow_cpu=allow_cpu,
                     command=f"python -m gpuinfer.publish.record {chapter}")
-        nb.metadata[recordings.METADATA_KEY] = meta
+        nb.metadata[METADATA_KEY] = meta
         store.commit(path, nb, artifacts)
     except store.InterruptedAfterCommit:
         log(f"[{chapter}] wrote {rec.resolve()}")
@@ -318,8 +198,9 @@ def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Resu
         return Result(chapter, False, seconds, "failed: " + str(exc.ename or "error"))
     except Exception as exc:  # a dead kernel, a timeout, a bad notebook, a full disk
         seconds = time.perf_counter() - start
-        said = (f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and exc.strerror
-                and exc.filename else f"{type(exc).__name__}: {exc}")
+        said = (f"{exc.strerror}: {exc.filename}"
+                if isinstance(exc, OSError) and exc.strerror and exc.filename
+                else f"{type(exc).__name__}: {exc}")
         log(f"\n[{chapter}] FAILED after {seconds:.1f} s ({said}); the previous recording "
             f"is kept.{_tmp_full_hint()}\n")
         return Result(chapter, False, seconds, f"failed: {type(exc).__name__}")
@@ -328,12 +209,12 @@ def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Resu
             shutil.rmtree(scratch, ignore_errors=True)
     log(f"[{chapter}] wrote {rec.resolve()}")
     size = rec.stat().st_size + sum(
-        f.stat().st_size for f in recordings.artifacts_path(path).rglob("*") if f.is_file())
+        f.stat().st_size for f in book.artifacts_path(path).rglob("*") if f.is_file())
     label = " (CPU smoke recording)" if meta["smoke"] else ""
     return Result(chapter, True, seconds, f"recorded{label}, {size / 1e6:.2f} MB")
 
 
-# --- the command ---------------------------------------------------------------------------
+# --- the command --------------------------------------------------------------------------
 
 def summary(results: list[Result], chosen: dict[str, Path]) -> None:
     log("\n| chapter | result | seconds |\n|---|---|---|")
@@ -358,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("chapters", nargs="*",
                         help="chapter stems, e.g. 01_roofline (default: every chapter)")
     parser.add_argument("--allow-cpu", action="store_true",
-                        help="without CUDA, make a CPU smoke recording (rejected by the tests)")
+                        help="without CUDA, make a CPU smoke recording (rejected by the "
+                             "tests)")
     parser.add_argument("--root", type=Path, default=None,
                         help="the book's root folder, with _toc.yml (default: the book of "
                              "the current directory)")
@@ -387,9 +269,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available() and not args.allow_cpu:
             raise UsageError(
-                "no CUDA device: the book's recordings must come from a GPU. Run this on the "
-                "GPU machine, or pass --allow-cpu for a CPU smoke recording (labelled as such "
-                "and rejected by the tests).")
+                "no CUDA device: the book's recordings must come from a GPU. Run this on "
+                "the GPU machine, or pass --allow-cpu for a CPU smoke recording (labelled "
+                "as such and rejected by the tests).")
         check_writable(chosen)
         with hold_and_recover(chosen):
             return record_all(root, chosen, allow_cpu=args.allow_cpu)

@@ -20,8 +20,8 @@ def author_year(entry) -> str:
     there are two), and the year. A corporate author written in braces ({NVIDIA}) is kept
     whole; LaTeX accents become Unicode."""
     people = entry.persons.get("author") or entry.persons.get("editor") or []
-    names = [Text.from_latex(" ".join(p.last_names) or " ".join(p.first_names)).render_as("text")
-             for p in people]
+    names = [Text.from_latex(" ".join(p.last_names) or " ".join(p.first_names))
+             .render_as("text") for p in people]
     if len(names) > 2 or (people and str(people[-1]) == "others"):
         who = f"{names[0]} et al."
     elif len(names) == 2:

@@ -1,14 +1,14 @@
 """Build the book from its GPU recordings: a Sphinx extension (listed in _config.yml).
 
-myst-nb runs in `cache` mode: it looks each chapter up in its jupyter-cache (in _build/) by a
-hash of the chapter's code cells, and executes the chapter only when it is not there. At the
-start of a build, this extension puts every chapter whose recording is fresh (see
-gpuinfer.publish.recordings) into that cache, as myst-nb would have stored it after executing it: the
-chapter read by myst-nb's own reader, with the outputs of the recording's code cells. So a
-build with fresh recordings executes nothing. A chapter without a valid recording (stale,
-missing, corrupt, a CPU smoke run) is left to myst-nb, which executes it on this machine's
-CPU as a preview (and caches that execution); the build warns, naming the command that
-re-records it.
+myst-nb runs in `cache` mode: it looks each chapter up in its jupyter-cache (in _build/)
+by a hash of the chapter's code cells, and executes the chapter only when it is not there.
+At the start of a build, this extension puts every chapter whose recording is fresh (see
+gpuinfer.publish.recordings) into that cache, as myst-nb would have stored it after
+executing it: the chapter read by myst-nb's own reader, with the outputs of the recording's
+code cells. So a build with fresh recordings executes nothing. A chapter without a valid
+recording (stale, missing, corrupt, a CPU smoke run) is left to myst-nb, which executes it
+on this machine's CPU as a preview (and caches that execution); the build warns, naming the
+command that re-records it.
 
 Under the title of each chapter page goes the recording's provenance, with download links
 (or, for a preview, a banner saying that its outputs are not GPU results). The recording
@@ -35,7 +35,8 @@ from sphinx import addnodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
-from gpuinfer.publish import recordings
+from gpuinfer.publish import book, recordings
+from gpuinfer.publish.hashes import PACKAGE_DIR
 from gpuinfer.publish.sphinx_site import table
 
 logger = logging.getLogger(__name__)
@@ -58,10 +59,10 @@ def check_artifacts_folder(root: Path, chapter_paths) -> None:
         return
     folder = Path(value)
     if not folder.is_absolute():
-        stop(f"GPUINFER_ARTIFACTS={value} is a relative path, which each chapter would take "
-             "from its own folder, inside the book: unset it (a build keeps a preview's "
-             "artifacts in a temporary folder) or give an absolute folder outside the book's "
-             "chapters")
+        stop(f"GPUINFER_ARTIFACTS={value} is a relative path, which each chapter would "
+             "take from its own folder, inside the book: unset it (a build keeps a "
+             "preview's artifacts in a temporary folder) or give an absolute folder "
+             "outside the book's chapters")
     for chapter_dir in sorted({Path(p).parent.resolve() for p in chapter_paths}):
         if folder.resolve().is_relative_to(chapter_dir):
             shown = chapter_dir.relative_to(root.resolve()).as_posix() \
@@ -124,11 +125,12 @@ def uncache(app, cache, status: recordings.Status, path: Path) -> None:
         record = cache.match_cache_notebook(myst_nb_notebook(app, path))
     except KeyError:
         return
-    newest = max(((recordings.PACKAGE_DIR / m).stat().st_mtime for m in status.modules),
+    newest = max(((PACKAGE_DIR / m).stat().st_mtime for m in status.modules),
                  default=0.0)
     created = record.created  # UTC; SQLite may hand it back without the time zone
     created = created if created.tzinfo else created.replace(tzinfo=timezone.utc)
-    if SEED_KEY in (record.data or {}) or created < datetime.fromtimestamp(newest, timezone.utc):
+    older = created < datetime.fromtimestamp(newest, timezone.utc)
+    if SEED_KEY in (record.data or {}) or older:
         cache.remove_cache(record.pk)
 
 
@@ -140,8 +142,8 @@ def seed_cache(app) -> None:
     if not (root / "_toc.yml").is_file():  # a single page built on its own: no chapters
         return
     try:
-        chapters = recordings.chapters(root)
-    except recordings.BookError as exc:
+        chapters = book.chapters(root)
+    except book.BookError as exc:
         stop(str(exc))
     check_artifacts_folder(root, chapters.values())
     cache = get_cache(app.env.mystnb_config.execution_cache_path)
@@ -150,7 +152,7 @@ def seed_cache(app) -> None:
         try:
             status = recordings.status(
                 root, chapter, accept_cpu=app.config.gpuinfer_accept_cpu_recordings)
-        except recordings.BookError as exc:
+        except book.BookError as exc:
             stop(str(exc))
         if status.fresh:
             try:
@@ -163,8 +165,8 @@ def seed_cache(app) -> None:
         if not status.fresh:
             uncache(app, cache, status, path)
             # no location=docname: Sphinx does not know a new page's file name yet
-            logger.warning(f"{path.relative_to(root).as_posix()}: {status.message} Its page "
-                           "is executed on this machine's CPU as a preview.",
+            logger.warning(f"{path.relative_to(root).as_posix()}: {status.message} Its "
+                           "page is executed on this machine's CPU as a preview.",
                            type="gpuinfer", subtype="recording")
         app.gpuinfer_status[app.env.path2doc(str(path))] = status
 
@@ -190,7 +192,8 @@ def box(status: recordings.Status, page_dir: Path) -> str:
         artifacts = sorted(f for f in artifacts_dir.rglob("*") if f.is_file()) \
             if artifacts_dir.is_dir() else []
     downloads = [_link("executed notebook", status.recording, page_dir)]
-    downloads += [_link(f.relative_to(artifacts_dir).as_posix(), f, page_dir) for f in artifacts]
+    downloads += [_link(f.relative_to(artifacts_dir).as_posix(), f, page_dir)
+                  for f in artifacts]
     said = recordings.recorded_on(meta)
     title = said[0].upper() + said[1:]
     if meta.get("smoke"):
@@ -202,7 +205,8 @@ def box(status: recordings.Status, page_dir: Path) -> str:
             f"- **GPU:** {device}\n"
             f"- **Software:** torch {meta.get('torch')}, transformers "
             f"{meta.get('transformers')}, Python {meta.get('python')}\n"
-            f"- **Recorded:** {meta.get('date')}, the chapter ran in {meta.get('seconds')} s\n"
+            f"- **Recorded:** {meta.get('date')}, the chapter ran in "
+            f"{meta.get('seconds')} s\n"
             f"- **Download:** {', '.join(downloads)}\n```\n")
 
 
@@ -231,7 +235,7 @@ def add_box(app, docname: str, source: list[str]) -> None:
         return
     app.env.note_dependency(str(status.recording))  # a missing file: re-read every build
     for module in status.modules:
-        app.env.note_dependency(str(recordings.PACKAGE_DIR / module))
+        app.env.note_dependency(str(PACKAGE_DIR / module))
     page_dir = Path(app.env.doc2path(docname)).parent
     source[0] = insert_after_title(source[0], box(status, page_dir))
 
@@ -249,15 +253,15 @@ class RecordedRuntimes(SphinxDirective):
         header = ["chapter", "recording", "GPU", "recorded", "run time (s)"]
         rows, total, timed = [], 0.0, 0
         found = getattr(self.env.app, "gpuinfer_status", {})  # from the start of the build
-        for chapter, path in recordings.chapters(root).items():
-            self.env.note_dependency(str(recordings.recording_path(path)))
+        for chapter, path in book.chapters(root).items():
+            self.env.note_dependency(str(book.recording_path(path)))
             docname = self.env.path2doc(str(path))
             link = addnodes.pending_xref("", nodes.inline(text=chapter), refdomain="std",
                                          reftype="doc", reftarget="/" + docname,
                                          refexplicit=False, refdoc=self.env.docname)
             status = found.get(docname) or recordings.status(root, chapter)
             meta = status.provenance
-            # (a smoke recording is "fresh" only in test builds that accept it: say what it is)
+            # (a smoke recording is "fresh" only in test builds that accept it: say so)
             shown = "cpu" if status.state == "fresh" and meta.get("smoke") else status.state
             seconds = meta.get("seconds") if shown in ("fresh", "stale") else None
             if isinstance(seconds, (int, float)):

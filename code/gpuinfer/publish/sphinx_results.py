@@ -2,9 +2,10 @@
 
 The directive `{decode-results}` renders one table of every decode variant the chapters
 measure (with `:fastest:`, only the fastest of each chapter, for the intro), read at build
-time from the values each chapter's recording glued under `gpuinfer.report.results.GLUE_NAME`: no
-number on that page is typed. A chapter whose recording is not fresh (missing, stale, a
-CPU run) is left out, so that the table never shows a number the chapter does not.
+time from the values each chapter's recording glued under
+`gpuinfer.report.results.GLUE_NAME`: no number on that page is typed. A chapter whose
+recording is not fresh (missing, stale, a CPU run) is left out, so that the table never
+shows a number the chapter does not.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sphinx import addnodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
-from gpuinfer.publish import recordings
+from gpuinfer.publish import book, recordings
 from gpuinfer.publish.compare import glued_values
 from gpuinfer.publish.sphinx_site import table
 from gpuinfer.report import results
@@ -46,16 +47,17 @@ class DecodeResults(SphinxDirective):
     def run(self):
         root = Path(self.env.srcdir)
         out = []
-        for chapter, path in recordings.chapters(root).items():
+        for chapter, path in book.chapters(root).items():
             status = recordings.status(
                 root, chapter, accept_cpu=self.config.gpuinfer_accept_cpu_recordings)
             self.env.note_dependency(str(status.recording))
             try:
                 rows = chapter_results(status.recording) if status.fresh else []
             except Exception as exc:  # a glued value damaged inside a valid notebook
-                logger.warning(f"{status.recording.relative_to(root).as_posix()}: its glued "
-                               f"{results.GLUE_NAME} is unreadable ({type(exc).__name__}: "
-                               f"{exc}); re-record {chapter}", location=self.get_location(),
+                logger.warning(f"{status.recording.relative_to(root).as_posix()}: its "
+                               f"glued {results.GLUE_NAME} is unreadable "
+                               f"({type(exc).__name__}: {exc}); re-record {chapter}",
+                               location=self.get_location(),
                                type="gpuinfer", subtype="recording")
                 rows = []
             if not rows:
@@ -70,15 +72,17 @@ class DecodeResults(SphinxDirective):
             body = []
             for r in rows:
                 kind, target = ("ref", r.section) if r.section else ("doc", "/" + docname)
-                link = addnodes.pending_xref("", nodes.inline(text=r.variant), refdomain="std",
-                                             reftype=kind, reftarget=target, refexplicit=True,
+                link = addnodes.pending_xref("", nodes.inline(text=r.variant),
+                                             refdomain="std", reftype=kind,
+                                             reftarget=target, refexplicit=True,
                                              refdoc=self.env.docname)
                 body.append([link, f"{r.ms_per_token:.3g}", f"{r.tokens_per_s:,.0f}",
                              f"{r.gb_per_s:,.0f}", f"{100 * r.floor_fraction:.0f} %",
                              _times(r.x_v0), _times(r.x_generate_static)])
             out += [title, table(HEADER, body, classes=("decode-results",))]
         if not out:
-            out.append(nodes.paragraph(text="No chapter has a GPU recording with results yet."))
+            out.append(nodes.paragraph(
+                text="No chapter has a GPU recording with results yet."))
         return out
 
 

@@ -1,11 +1,11 @@
 """The site as a reader meets it: a Sphinx extension (listed in _config.yml).
 
-- `{gpu-spec-table}`: the datasheet table of gpuinfer.measure.roofline, rendered at build time, so
-  that the appendix cannot drift from the numbers the chapters use.
+- `{gpu-spec-table}`: the datasheet table of gpuinfer.measure.roofline, rendered at build
+  time, so that the appendix cannot drift from the numbers the chapters use.
 - The theme's download menu (top right of a page) gets the files a chapter page links for
   download from its recording (the executed notebook, profiler traces), next to the source.
-- Figures get alt text: gpuinfer.report.plots stores a description of every figure in its PNG, and
-  it becomes the <img alt> here (instead of the file's name).
+- Figures get alt text: gpuinfer.report.plots stores a description of every figure in its
+  PNG, and it becomes the <img alt> here (instead of the file's name).
 - Two fixes of the theme's page head, found by the browser test (tests/test_browser.py):
   the colour mode starts in "auto" (without it a first visit logs "Got invalid theme mode"),
   and sphinx-thebe's inline script, emitted twice, is emitted once (the second copy is a
@@ -20,12 +20,14 @@ from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
 from gpuinfer.measure import roofline
-from gpuinfer.publish import recordings
+from gpuinfer.publish import book
+from gpuinfer.publish.validation import read_provenance
 
 
-# --- tables --------------------------------------------------------------------------------
+# --- tables ------------------------------------------------------------------------------
 
-def table(header: list[str], rows: list[list], classes: tuple[str, ...] = ()) -> nodes.table:
+def table(header: list[str], rows: list[list],
+          classes: tuple[str, ...] = ()) -> nodes.table:
     """A docutils table; a cell is a string or a node."""
     tgroup = nodes.tgroup(cols=len(header))
     tgroup += [nodes.colspec(colwidth=1) for _ in header]
@@ -47,9 +49,9 @@ def table(header: list[str], rows: list[list], classes: tuple[str, ...] = ()) ->
 def recorded_gpus(root: Path) -> dict[str, dict]:
     """{chapter: provenance} of every chapter whose recording is readable."""
     found = {}
-    for chapter, path in recordings.chapters(root).items():
+    for chapter, path in book.chapters(root).items():
         try:
-            found[chapter] = recordings.read_provenance(recordings.recording_path(path))
+            found[chapter] = read_provenance(book.recording_path(path))
         except (OSError, ValueError):
             pass
     return found
@@ -60,12 +62,13 @@ def _fmt(value: float | None) -> str:
 
 
 class GPUSpecTable(SphinxDirective):
-    """The datasheet ceilings of gpuinfer.measure.roofline.GPU_SPECS, with the BF16 ridge point."""
+    """The datasheet ceilings of gpuinfer.measure.roofline.GPU_SPECS, with the BF16 ridge
+    point."""
 
     def run(self):
         root = Path(self.env.srcdir)
-        for path in recordings.chapters(root).values():
-            self.env.note_dependency(str(recordings.recording_path(path)))
+        for path in book.chapters(root).values():
+            self.env.note_dependency(str(book.recording_path(path)))
         self.env.note_dependency(roofline.__file__)
         book_gpus = {spec.name for meta in recorded_gpus(root).values()
                      if not meta.get("smoke")
@@ -83,12 +86,14 @@ class GPUSpecTable(SphinxDirective):
                          "–" if ridge is None else f"{ridge:.0f}"])
             sources.setdefault(s.source, []).append(s.name)
         # The sources under the table, not in a column: the table must fit the page width.
-        listed = "; ".join(f"{', '.join(names)}: {source}" for source, names in sources.items())
-        note = nodes.paragraph("", "", nodes.emphasis(text="Sources. "), nodes.Text(listed + "."))
+        listed = "; ".join(f"{', '.join(names)}: {source}"
+                           for source, names in sources.items())
+        note = nodes.paragraph("", "", nodes.emphasis(text="Sources. "),
+                               nodes.Text(listed + "."))
         return [table(header, rows, classes=("gpu-spec-table",)), note]
 
 
-# --- the download menu ---------------------------------------------------------------------
+# --- the download menu -------------------------------------------------------------------
 
 def recording_downloads(app, pagename: str) -> list[tuple[str, str]]:
     """(file name, path under _downloads/) of the recording files that `pagename` links to
@@ -122,7 +127,7 @@ def add_download_buttons(app, pagename, templatename, context, doctree):
     group["buttons"][1:1] = extra  # after the page's source, before "print to PDF"
 
 
-# --- figures -------------------------------------------------------------------------------
+# --- figures -----------------------------------------------------------------------------
 
 def png_description(path: Path) -> str | None:
     """The 'Description' text chunk of a PNG (gpuinfer.report.plots writes one), or None."""

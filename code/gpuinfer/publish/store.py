@@ -1,5 +1,5 @@
 """Writing a recording so that the notebook and its artifacts folder are replaced together:
-a reader, a failed run or a killed one leaves the previous pair or the new pair, never a mix.
+a reader, a failed run or a killed one leaves the previous pair or the new one, never a mix.
 
 In `book/_recorded/` a chapter's recording is `<chapter>.ipynb` with `<chapter>/` beside it
 (the notebook's metadata holds the hashes of that folder's files). A commit:
@@ -8,15 +8,15 @@ In `book/_recorded/` a chapter's recording is `<chapter>.ipynb` with `<chapter>/
    `.<chapter>.new.tmp/` and `.<chapter>.ipynb.new.tmp`, synced to disk. A failure here (a
    full disk, Ctrl-C) removes them: the previous recording was never touched.
 2. writes the journal `.<chapter>.commit`, atomically. From here on the new pair wins.
-3. renames: the old folder aside (`.<chapter>.old.tmp/`), the new folder in, the new notebook
-   in; then removes the journal and the old folder.
+3. renames: the old folder aside (`.<chapter>.old.tmp/`), the new folder in, the new
+   notebook in; then removes the journal and the old folder.
 
-Steps 2-3 run with Ctrl-C and SIGTERM held off (deferred by their handlers). A fault inside step 3 undoes it (the old
-pair is put back); a kill cannot be caught, so it leaves the journal, and
-`finish_interrupted` (run by the record command before anything else, under the lock, and
-by its `--recover`) completes the renames, which are idempotent. Until then the chapter
-reads as "unfinished", never as fresh. `tidy` removes what a killed run left (`.*.tmp`).
-Only one recorder writes into a recordings folder at a time (`lock`).
+Steps 2-3 run with Ctrl-C and SIGTERM held off (deferred by their handlers). A fault inside
+step 3 undoes it (the old pair is put back); a kill cannot be caught, so it leaves the
+journal, and `finish_interrupted` (run by the record command before anything else, under
+the lock, and by its `--recover`) completes the renames, which are idempotent. Until then
+the chapter reads as "unfinished", never as fresh. `tidy` removes what a killed run left
+(`.*.tmp`). Only one recorder writes into a recordings folder at a time (`lock`).
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ import tempfile
 import threading
 from pathlib import Path
 
-from gpuinfer.publish import recordings
+from gpuinfer.publish import book
+from gpuinfer.publish.hashes import artifact_hashes
+from gpuinfer.publish.validation import METADATA_KEY
 
-JOURNAL_TEXT = ("A recording of {chapter} is being written. If this file is still here, that "
-                "write was cut short: `python -m gpuinfer.publish.record --recover` finishes "
-                "it.\n")
+JOURNAL_TEXT = ("A recording of {chapter} is being written. If this file is still here, "
+                "that write was cut short: `python -m gpuinfer.publish.record --recover` "
+                "finishes it.\n")
 
 
 class Busy(Exception):
@@ -44,10 +46,10 @@ class Busy(Exception):
 
 
 class InterruptedAfterCommit(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM arrived while a commit held them off: the new recording is written."""
+    """Ctrl-C or SIGTERM came while a commit held them off: the new recording is written."""
 
 
-# --- files, synced --------------------------------------------------------------------------
+# --- files, synced ------------------------------------------------------------------------
 
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
@@ -86,7 +88,7 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def remove(path: Path) -> None:
-    """Remove a file, a link or a folder, whichever `path` is; nothing if it is not there."""
+    """Remove a file, a link or a folder, whichever `path` is; nothing if none is there."""
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
     elif path.is_dir():
@@ -96,11 +98,11 @@ def remove(path: Path) -> None:
 # --- where a commit's files go ------------------------------------------------------------
 
 def _paths(chapter_path: Path) -> dict[str, Path]:
-    folder = recordings.recording_path(chapter_path).parent
+    folder = book.recording_path(chapter_path).parent
     stem = chapter_path.stem
-    return {"notebook": recordings.recording_path(chapter_path),
-            "artifacts": recordings.artifacts_path(chapter_path),
-            "journal": recordings.journal_path(chapter_path),
+    return {"notebook": book.recording_path(chapter_path),
+            "artifacts": book.artifacts_path(chapter_path),
+            "journal": book.journal_path(chapter_path),
             "new_notebook": folder / f".{stem}.ipynb.new.tmp",
             "new_artifacts": folder / f".{stem}.new.tmp",
             "old_artifacts": folder / f".{stem}.old.tmp"}
@@ -195,8 +197,8 @@ def _signals_held():
 
 def commit(chapter_path: Path, notebook, scratch: Path) -> None:
     """Write the recording of the chapter at `chapter_path`: the nbformat notebook, with the
-    hashes of its artifacts added to metadata["gpuinfer"]["artifacts"], and the artifacts the
-    run wrote under `scratch`. The old pair or the new one, never a mix (see the module)."""
+    hashes of its artifacts added to metadata["gpuinfer"]["artifacts"], and the artifacts
+    the run wrote under `scratch`. The old pair or the new, never a mix (see the module)."""
     import nbformat
 
     p = _paths(chapter_path)
@@ -207,8 +209,8 @@ def commit(chapter_path: Path, notebook, scratch: Path) -> None:
         p["new_artifacts"].mkdir()
         stage_artifacts(chapter_path.stem, scratch, p["new_artifacts"])
         os.chmod(p["new_artifacts"], 0o755)
-        hashes = recordings.artifact_hashes(p["new_artifacts"])
-        notebook.metadata[recordings.METADATA_KEY]["artifacts"] = hashes
+        hashes = artifact_hashes(p["new_artifacts"])
+        notebook.metadata[METADATA_KEY]["artifacts"] = hashes
         write_synced(p["new_notebook"], nbformat.writes(notebook).encode("utf8"))
         _fsync_dir(p["notebook"].parent)
     except BaseException:
@@ -233,7 +235,7 @@ def commit(chapter_path: Path, notebook, scratch: Path) -> None:
         raise
 
 
-# --- after a kill ---------------------------------------------------------------------------
+# --- after a kill -------------------------------------------------------------------------
 
 def finish_interrupted(chapter_path: Path) -> bool:
     """Complete a commit that a kill cut short after its journal was written (the caller

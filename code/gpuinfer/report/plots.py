@@ -19,7 +19,8 @@ import numpy as np
 
 # Okabe-Ito: distinguishable with the common forms of colour blindness. The yellow (index 6)
 # is too light for lines or text on white: use it for fills only.
-PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442",
+           "#000000"]
 
 BOOK_STYLE = {
     "figure.figsize": (7.5, 4.5),
@@ -75,7 +76,7 @@ def use_book_style() -> None:
 
 def describe(fig) -> str:
     """Alt text for a figure, from what it says: titles, axis labels (with their scales) and
-    legend entries. It is what a reader who cannot see the image needs to follow the caption.
+    legend entries: what a reader who cannot see the image needs to follow the caption.
 
     >>> fig, ax = plt.subplots(); _ = ax.plot([1, 2], label="copy"); _ = ax.legend()
     >>> _ = ax.set(title="Bandwidth", xlabel="size (MiB)", xscale="log", ylabel="GB/s")
@@ -138,12 +139,14 @@ class Point:
         return self.achieved / self.attainable
 
 
-def roofline_plot(points, roofs, *, bandwidth: float, bandwidth_datasheet: float | None = None,
-                  title: str = "Roofline", ax=None):
+def roofline_plot(points, roofs, *, bandwidth: float,
+                  bandwidth_datasheet: float | None = None, title: str = "Roofline",
+                  ax=None):
     """Log-log roofline: a sloped bandwidth roof per bandwidth, a flat roof per compute peak
-    (measured solid, datasheet dashed), each point labelled with its % of attainable, and the
-    ridge point of the highest measured roof marked. Values in SI units; plotted in TFLOP/s.
-    With two bandwidths, the lower roof is labelled below its line and the higher above.
+    (measured solid, datasheet dashed), each point labelled with its % of attainable, and
+    the ridge point of the highest measured roof marked. Values in SI units; plotted in
+    TFLOP/s. With two bandwidths, the lower roof is labelled below its line, the higher
+    above.
     """
     ax = ax or plt.subplots(figsize=(8, 5.5))[1]
     intensities = [p.intensity for p in points]
@@ -155,14 +158,14 @@ def roofline_plot(points, roofs, *, bandwidth: float, bandwidth_datasheet: float
     bandwidths = [(bandwidth, True)]
     if bandwidth_datasheet:
         bandwidths.append((bandwidth_datasheet, False))
-    # The sloped roofs run close together (a measured bandwidth is 80-90% of the datasheet's),
-    # so labels on the same side would overlap. Set horizontally, a label stays clear of a
-    # line rising to the right if it sits below the line and extends right, or above it and
-    # extends left. The lower roof (on a tie, the measured one) is labelled the first way, at
-    # the left end of its visible part; the other the second way, about a third of the axes
-    # further right, so that its text fits left of where it is anchored.
+    # The sloped roofs run close together (a measured bandwidth is 80-90% of the
+    # datasheet's), so labels on the same side would overlap. Set horizontally, a label
+    # stays clear of a line rising to the right if it sits below the line and extends right,
+    # or above it and extends left. The lower roof (on a tie, the measured one) is labelled
+    # the first way, at the left end of its visible part; the other the second way, about a
+    # third of the axes further right, so that its text fits left of where it is anchored.
     lower = min(bandwidths, key=lambda b: (b[0], not b[1]))
-    x_label = max(x_lo * 1.3, 2 * y_lo / lower[0])  # twice the bottom: room for the text below
+    x_label = max(x_lo * 1.3, 2 * y_lo / lower[0])  # twice the bottom: room for text below
     for bw, measured in bandwidths:
         ax.plot(xs, np.minimum(bw * xs, top) / 1e12, color="0.25",
                 ls="-" if measured else "--", lw=1.4 if measured else 1.0)
@@ -185,7 +188,7 @@ def roofline_plot(points, roofs, *, bandwidth: float, bandwidth_datasheet: float
     if best is not None:
         ridge = best.peak / bandwidth
         ax.axvline(ridge, color="0.5", lw=0.8, ls=":")
-        # At the top left of the line, above the sloped roofs: no point is ever plotted there.
+        # At the top left of the line, above the sloped roofs: no point is plotted there.
         ax.annotate(f"ridge {ridge:.0f} FLOP/B", xy=(ridge, top * 2.4 / 1e12),
                     xytext=(-3, 0), textcoords="offset points", ha="right", va="top",
                     fontsize=SMALL_TEXT, color="0.4")
@@ -205,7 +208,8 @@ def roofline_plot(points, roofs, *, bandwidth: float, bandwidth_datasheet: float
         ax.legend(unique.values(), unique.keys(), loc="lower right")
     ax.set(xscale="log", yscale="log", xlim=(x_lo, x_hi),
            ylim=(y_lo / 1e12, top / 1e12 * 2.5),
-           xlabel="arithmetic intensity (FLOP / byte)", ylabel="performance (TFLOP/s)", title=title)
+           xlabel="arithmetic intensity (FLOP / byte)", ylabel="performance (TFLOP/s)",
+           title=title)
     plain_log_ticks(ax)
     _separate(ax, point_labels)
     return ax
@@ -241,8 +245,9 @@ def bytes_plot(points: dict[str, tuple[float, float]], *, bandwidth: float,
 
 # Where a point's label may go, in points from the point: right below (the default), right
 # above, left below, left above, and further below or above on the right.
-_PLACES = [((4, -3), "left", "top"), ((4, 4), "left", "bottom"), ((-4, -3), "right", "top"),
-           ((-4, 4), "right", "bottom"), ((4, -11), "left", "top"), ((4, 12), "left", "bottom")]
+_PLACES = [((4, -3), "left", "top"), ((4, 4), "left", "bottom"),
+           ((-4, -3), "right", "top"), ((-4, 4), "right", "bottom"),
+           ((4, -11), "left", "top"), ((4, 12), "left", "bottom")]
 
 
 def _separate(ax, labels) -> None:
@@ -261,5 +266,5 @@ def _separate(ax, labels) -> None:
         placed.append(label.get_window_extent(renderer))
 
 
-__all__ = ["PALETTE", "BOOK_STYLE", "SMALL_TEXT", "use_book_style", "describe", "plt", "Roof",
-           "Point", "roofline_plot", "plain_log_ticks", "bytes_plot"]
+__all__ = ["PALETTE", "BOOK_STYLE", "SMALL_TEXT", "use_book_style", "describe", "plt",
+           "Roof", "Point", "roofline_plot", "plain_log_ticks", "bytes_plot"]

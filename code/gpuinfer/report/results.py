@@ -1,9 +1,11 @@
-"""One row per decode variant: the end-to-end table of a chapter, and the book's results page.
+"""One row per decode variant: the end-to-end table of a chapter, and the book's results
+page.
 
-A chapter times its variants in interleaved rounds (`gpuinfer.measure.timing.interleaved_rounds`),
-turns the rounds into rows (`from_rounds`: ms per token, speed-ups over its naive loop and
-over stock `generate()`, each with its range over the rounds), shows them (`markdown`) and
-glues `dumps(rows)` under the name `GLUE_NAME`. The results page
+A chapter times its variants in interleaved rounds
+(`gpuinfer.measure.timing.interleaved_rounds`), turns the rounds into rows (`from_rounds`:
+ms per token, speed-ups over its naive loop and over stock `generate()`, each with its
+range over the rounds), shows them (`markdown`) and glues `dumps(rows)` under the name
+`GLUE_NAME`. The results page
 (`gpuinfer.publish.sphinx_results`) reads them back from the chapter's recording with
 `loads`, so that the table there is the recording's numbers, never typed.
 """
@@ -26,7 +28,8 @@ class Result:
     variant: str  # its name in the chapter, e.g. "V9"
     model: str  # e.g. "small Llama, FP32"
     ms_per_token: float
-    bytes_per_token: float  # what a step must move (weights and KV cache), from the accounting
+    # what a step must move (weights and KV cache), from the accounting
+    bytes_per_token: float
     bandwidth: float  # the chapter's measured copy rate, bytes/s
     x_v0: float | None = None  # speed-up over the chapter's naive loop, where it has one
     x_generate_static: float | None = None  # over stock generate() with a static cache
@@ -46,7 +49,7 @@ class Result:
 
     @property
     def floor_fraction(self) -> float:
-        """The bandwidth floor (bytes / copy rate) over the measured time: 1 is the floor."""
+        """The bandwidth floor (bytes/copy rate) over the measured time: 1 is the floor."""
         return self.bytes_per_token / self.bandwidth / (self.ms_per_token / 1e3)
 
 
@@ -68,9 +71,9 @@ def from_rounds(rounds: Rounds, *, model: str, bytes_per_token: dict[str, float]
         t = rounds[name]
         x_v0, x_v0_range = over(v0, name)
         x_gs, x_gs_range = over(generate_static, name)
-        rows.append(Result(name, model, t.median, bytes_per_token[name], bandwidth, x_v0, x_gs,
-                           (sections or {}).get(name, ""), (t.min, t.max), x_v0_range,
-                           x_gs_range))
+        rows.append(Result(name, model, t.median, bytes_per_token[name], bandwidth, x_v0,
+                           x_gs, (sections or {}).get(name, ""), (t.min, t.max),
+                           x_v0_range, x_gs_range))
     return rows
 
 
@@ -86,7 +89,8 @@ def markdown(rows: list[Result]) -> str:
     the fastest and slowest round (for the speed-ups, the lowest and highest per round)."""
     lines = ["| variant | ms / token | tokens / s | × V0 | × generate(static) |",
              "|---|---:|---:|---:|---:|"]
-    lines += [f"| {r.variant} | {_ranged(r.ms_per_token, r.ms_range)} | {r.tokens_per_s:,.0f} "
+    lines += [f"| {r.variant} | {_ranged(r.ms_per_token, r.ms_range)} "
+              f"| {r.tokens_per_s:,.0f} "
               f"| {_ranged(r.x_v0, r.x_v0_range, '×')} "
               f"| {_ranged(r.x_generate_static, r.x_generate_static_range, '×')} |"
               for r in rows]

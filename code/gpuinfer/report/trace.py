@@ -1,7 +1,8 @@
-"""Reading a profiler trace: what the decode steps did, computed rather than read off by eye.
+"""Reading a profiler trace: what the decode steps did, computed rather than read off by
+eye.
 
-A trace is the Chrome-trace JSON that `torch.profiler` writes (`gpuinfer.measure.profiling` records
-them), loaded as a dict. The parts used here:
+A trace is the Chrome-trace JSON that `torch.profiler` writes (`gpuinfer.measure.profiling`
+records them), loaded as a dict. The parts used here:
 - `ph: "X"` events have a start `ts` and a duration `dur`, both in microseconds;
 - `cat: "cpu_op"`: an ATen operator on a CPU thread (`aten::mm`); they nest;
 - `cat: "user_annotation"`: a `record_function` range, such as a `decode_step`;
@@ -11,9 +12,10 @@ them), loaded as a dict. The parts used here:
   `args.correlation`, the id of the API call that launched it.
 
 From them: the steps and the work each launched (`step_work`, `step_kernels`), per-step
-counts and times (`step_stats`), the ops and kernels that cost the most (`top_ops`,
-`kernel_table`), what every slice is (`kind_of`), and how the GPU hands over from one
-kernel to the next (`handovers`).
+counts and times (`step_stats`), and how the GPU hands over from one kernel to the next
+(`handovers`, `between_steps`). What each slice is, by its name, is
+gpuinfer.report.kernel_names; the tables of ops and kernels are
+gpuinfer.report.trace_tables.
 """
 
 from __future__ import annotations
@@ -52,11 +54,11 @@ class Event:
 
 
 def events(trace: dict, cats) -> list[Event]:
-    """The complete events of the given categories, by start time (longest first on a tie)."""
+    """The complete events of these categories, by start time (longest first on a tie)."""
     cats = (cats,) if isinstance(cats, str) else tuple(cats)
     out = [
-        Event(e["name"], e["cat"], float(e["ts"]), float(e.get("dur", 0.0)), e.get("pid", 0),
-              e.get("tid", 0), e.get("args", {}))
+        Event(e["name"], e["cat"], float(e["ts"]), float(e.get("dur", 0.0)),
+              e.get("pid", 0), e.get("tid", 0), e.get("args", {}))
         for e in trace["traceEvents"]
         if e.get("ph") == "X" and e.get("cat") in cats
     ]
@@ -80,7 +82,7 @@ def top_level_ops(trace: dict) -> list[Event]:
 
 
 class Ranges:
-    """Time ranges on CPU threads, not overlapping within a thread: which one holds an event?"""
+    """Time ranges on CPU threads, not overlapping within a thread: which holds an event?"""
 
     def __init__(self, ranges: list[Event]):
         self.by_tid: dict = {}
@@ -123,100 +125,7 @@ def is_launch(name: str) -> bool:
     return "LaunchKernel" in name or "GraphLaunch" in name
 
 
-# --------------------------------------------------------------------------------------------
-# What a slice is: one classification, for the kernel tables and the timelines alike
-# --------------------------------------------------------------------------------------------
-
-# Name parts of the library kernels that multiply matrices (cuBLAS and the CUTLASS kernels
-# it picks); for the kinds and for who wrote a kernel alike.
-_LIBRARY_MATMUL = ("gemm", "gemv", "nvjet", "cublas", "cutlass", "xmma", "splitk")
-
-KINDS = ("matrix multiply", "attention", "elementwise", "reduction", "copy / index",
-         "host sync", "kernel launch", "other")
-_RULES = [  # first match wins; matched against the lower-cased name
-    ("host sync", ("synchronize", "aten::item", "_local_scalar_dense")),
-    ("kernel launch", ("launchkernel", "graphlaunch")),
-    ("attention", ("scaled_dot_product", "fmha", "flash", "attention", "attn")),
-    ("matrix multiply", _LIBRARY_MATMUL + ("aten::linear", "aten::mm", "aten::addmm",
-                                           "aten::bmm", "aten::matmul")),
-    ("reduction", ("mean", "argmax", "reduce", "sum", "softmax")),
-    ("copy / index", ("copy", "cat", "memcpy", "memset", "index", "embedding", "aten::to",
-                      "contiguous", "fill", "stack", "gather", "scatter")),
-    ("elementwise", ("mul", "add", "neg", "rsqrt", "silu", "pow", "sin", "cos", "elementwise",
-                     "vectorized", "unrolled", "arange", "sub", "div", "where", "le")),
-]
-# Inductor names a kernel by how it is scheduled (poi: pointwise; red, per: reductions) and
-# by the ops fused into it: `triton_red_fused_mm_3` computes a matrix product.
-_INDUCTOR = {"poi": "elementwise", "red": "reduction", "per": "reduction"}
-
-
-# The book's own Triton kernels (gpuinfer.kernels), named after their functions, and what
-# each computes: their names are ours, so no rule above can judge them.
-OURS = {
-    "qkv_rope_kernel": "matrix multiply",  # the q/k/v product, then rotary and the cache
-    "gemv_kernel": "matrix multiply",
-    "gemv_silu_kernel": "matrix multiply",
-    "lm_head_argmax_kernel": "matrix multiply",  # the lm_head product, then argmax in part
-    "attention_partial_kernel": "attention",
-    "attention_combine_kernel": "attention",
-    "argmax_reduce_kernel": "reduction",
-    "embed_kernel": "copy / index",
-}
-ORIGINS = ("Inductor", "library", "ours", "ATen")  # who wrote a kernel: `origin`
-
-
-def _ours(name: str) -> str | None:
-    return OURS.get(name.split("(")[0].strip())
-
-
-def kind_of(name: str) -> str:
-    """What a trace slice (an op, an API call, a kernel) computes, judged from its name: one
-    of `KINDS`. A matrix product is a matrix product whoever generated it."""
-    if kind := _ours(name):
-        return kind
-    parts = name.lower().split("_")
-    if parts[0] == "triton" and len(parts) > 1:
-        if {"mm", "bmm", "addmm"} & set(parts):
-            return "matrix multiply"
-        if parts[1] in _INDUCTOR:
-            return _INDUCTOR[parts[1]]
-    low = name.lower()
-    return next((kind for kind, needles in _RULES if any(n in low for n in needles)), "other")
-
-
-def origin(name: str) -> str:
-    """Who wrote a kernel, as far as its name tells (one of `ORIGINS`): Inductor, a library
-    (cuBLAS, cuDNN, flash or memory-efficient attention), this book's Triton kernels
-    (`OURS`), or PyTorch's own ATen kernels (and the rest)."""
-    if _ours(name):
-        return "ours"
-    low = name.lower()
-    if low.startswith("triton_"):
-        return "Inductor"
-    if any(s in low for s in _LIBRARY_MATMUL + ("fmha", "flash", "cudnn")):
-        return "library"
-    return "ATen"
-
-
-def kernel_name(name: str) -> str:
-    """A kernel's name without its template arguments, parameter list and return type:
-    `void at::native::reduce_kernel<512, 1, ...>(...)` -> `at::native::reduce_kernel`."""
-    kept, depth = [], 0
-    for ch in name:  # keep only what is outside every <...> and (...)
-        if ch in "<(":
-            depth += 1
-        elif ch in ">)":
-            depth = max(depth - 1, 0)
-        elif depth == 0:
-            kept.append(ch)
-    words = "".join(kept).split()
-    return words[-1] if words else name
-
-
-# --------------------------------------------------------------------------------------------
-# The decode steps and what they did
-# --------------------------------------------------------------------------------------------
-
+# --- the decode steps and what they did --------------------------------------------------
 
 @dataclass
 class StepWork:
@@ -225,7 +134,7 @@ class StepWork:
     steps: list[Event]  # the CPU ranges of the steps
     ops: list[Event]  # top-level ATen ops inside them
     api: list[Event]  # CUDA API calls inside them
-    gpu: list[Event]  # GPU work those calls launched (directly, or in a graph they launched)
+    gpu: list[Event]  # GPU work those calls launched (directly, or in a graph they did)
     launched_by: dict  # correlation id -> the API call that launched it
     start: float  # first step's start
     end: float  # last step's end, or the end of its GPU work if that is later
@@ -234,7 +143,8 @@ class StepWork:
 def step_work(trace: dict, step_name: str = STEP) -> StepWork:
     steps = step_events(trace, step_name)
     if not steps:
-        raise ValueError(f"no {step_name!r} ranges in the trace: was a decode loop profiled?")
+        raise ValueError(f"no {step_name!r} ranges in the trace: was a decode loop "
+                         "profiled?")
     in_steps = Ranges(steps)
     ops = [op for op in top_level_ops(trace) if in_steps.holding(op)]
     api = [e for e in events(trace, API_CATS) if in_steps.holding(e)]
@@ -252,8 +162,8 @@ def step_kernels(trace: dict, step: int = 2, step_name: str = STEP) -> list[Even
         raise ValueError(f"step {step} is not among the trace's {len(w.steps)} steps")
     ranges = Ranges(w.steps)
     target = w.steps[step - 1]
-    return sorted((e for e in w.gpu if ranges.holding(w.launched_by[e.correlation]) is target),
-                  key=lambda e: e.ts)
+    mine = (e for e in w.gpu if ranges.holding(w.launched_by[e.correlation]) is target)
+    return sorted(mine, key=lambda e: e.ts)
 
 
 @dataclass(frozen=True)
@@ -281,7 +191,8 @@ def handovers(work: list[Event]) -> Handovers:
 def between_steps(trace: dict, step: int, step_name: str = STEP) -> float:
     """µs from the end of step `step`'s last GPU work to the start of the next step's first:
     in a graphed loop, the hand-over from one replay to the next."""
-    this, after = step_kernels(trace, step, step_name), step_kernels(trace, step + 1, step_name)
+    this = step_kernels(trace, step, step_name)
+    after = step_kernels(trace, step + 1, step_name)
     return min(e.ts for e in after) - max(e.end for e in this)
 
 
@@ -322,14 +233,14 @@ class StepStats:
 def step_stats(trace: dict, step_name: str = STEP) -> StepStats:
     """Per-step counts and times of the decode steps in a trace (see `StepStats`).
 
-    Wall time runs from the first step's start on the CPU to the end of the last step's work,
-    on the CPU or the GPU, whichever is later. The GPU counts as busy whenever any kernel or
-    copy runs, whichever step launched it.
+    Wall time runs from the first step's start on the CPU to the end of the last step's
+    work, on the CPU or the GPU, whichever is later. The GPU counts as busy whenever any
+    kernel or copy runs, whichever step launched it.
 
-    The GPU span looks at the GPU side alone: from the first kernel or copy the steps launched
-    to the end of the last, and how much of it they kept the GPU busy. Where the host queued
-    every step before the GPU began (`queued_ahead`), the host's pace, profiler overhead
-    included, cannot show in it: what idles the GPU there is the steps' own gaps.
+    The GPU span looks at the GPU side alone: from the first kernel or copy the steps
+    launched to the end of the last, and how much of it they kept the GPU busy. Where the
+    host queued every step before the GPU began (`queued_ahead`), the host's pace, profiler
+    overhead included, cannot show in it: what idles the GPU there is the steps' own gaps.
     """
     w = step_work(trace, step_name)
     n = len(w.steps)
@@ -339,7 +250,8 @@ def step_stats(trace: dict, step_name: str = STEP) -> StepStats:
     op_time = union_length([(op.ts, min(op.end, holder.holding(op).end)) for op in w.ops])
     kernels = [e for e in w.gpu if e.cat == "kernel"]
     busy = union_length([(max(e.ts, w.start), min(e.end, w.end))
-                         for e in events(trace, GPU_CATS) if e.end > w.start and e.ts < w.end])
+                         for e in events(trace, GPU_CATS)
+                         if e.end > w.start and e.ts < w.end])
     gpu_start = min((e.ts for e in w.gpu), default=0.0)
     span = max((e.end for e in w.gpu), default=0.0) - gpu_start
     own_busy = union_length([(e.ts, e.end) for e in w.gpu])

@@ -1,9 +1,9 @@
 """The tables a chapter shows of a profiler trace: the ops and the kernels of a decode step.
 
-`top_ops` lists the top-level ATen ops of the steps by their CPU time, with the GPU work each
-launched; `kernel_table` lists the GPU kernels by name, what each computes and who wrote it
-(`gpuinfer.report.trace.kind_of`, `origin`). Both are per decode step, and both have a Markdown
-form sized for the page (short names, few columns).
+`top_ops` lists the top-level ATen ops of the steps by their CPU time, with the GPU work
+each launched; `kernel_table` lists the GPU kernels by name, what each computes and who
+wrote it (`gpuinfer.report.kernel_names.kind_of`, `origin`). Both are per decode step, and
+both have a Markdown form sized for the page (short names, few columns).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuinfer.measure.steps import STEP
-from gpuinfer.report.trace import (KINDS, ORIGINS, Ranges, kernel_name, kind_of, origin,
-                                   step_work)
+from gpuinfer.report.kernel_names import KINDS, ORIGINS, kernel_name, kind_of, origin
+from gpuinfer.report.trace import Ranges, step_work
 
 NAME_CHARS = 44  # a kernel name longer than this is cut, so that the table fits the column
 
@@ -95,7 +95,7 @@ def time_by_kind(rows: list[KernelRow]) -> dict[str, float]:
 
 
 def time_by_origin(rows: list[KernelRow]) -> dict[str, float]:
-    """Kernel time per step by who wrote the kernels (µs), for each of `trace.ORIGINS`."""
+    """Kernel time per step by who wrote the kernels (µs), for each of `ORIGINS`."""
     return {who: sum(r.us for r in rows if r.origin == who) for who in ORIGINS}
 
 
@@ -103,11 +103,12 @@ def kernel_table_markdown(rows: list[KernelRow], n: int = 8) -> str:
     """The first `n` rows of `kernel_table` as Markdown, the rest summed in a last row."""
     total = sum(r.us for r in rows) or float("nan")
     lines = ["| kernel | kind | by | calls | µs | share |", "|---|---|---|---:|---:|---:|"]
-    lines += [f"| `{_short(r.name)}` | {r.kind} | {r.origin} | {r.calls:.0f} | {r.us:.1f} | "
-              f"{100 * r.us / total:.0f} % |" for r in rows[:n]]
+    lines += [f"| `{_short(r.name)}` | {r.kind} | {r.origin} | {r.calls:.0f} "
+              f"| {r.us:.1f} | {100 * r.us / total:.0f} % |" for r in rows[:n]]
     rest = rows[n:]
     if rest:
         us = sum(r.us for r in rest)
-        lines.append(f"| {len(rest)} other kernels | | | {sum(r.calls for r in rest):.0f} | "
-                     f"{us:.1f} | {100 * us / total:.0f} % |")
+        calls = sum(r.calls for r in rest)
+        lines.append(f"| {len(rest)} other kernels | | | {calls:.0f} | {us:.1f} "
+                     f"| {100 * us / total:.0f} % |")
     return "\n".join(lines)

@@ -1,12 +1,13 @@
 """A profiler timeline drawn from a Chrome trace, in the spirit of a Perfetto view.
 
-`plot_timeline` draws a few decode steps of a trace (read with `gpuinfer.report.trace`) as lanes
-sharing one time axis: the decode steps, the ATen ops the Python code called (CPU), the CUDA
-API calls they made (CPU), and the kernels and copies that ran on the GPU. A second panel zooms
-into a short window, where single launches, the kernels they start (joined by a line, like
-Perfetto's flow arrows) and the idle gaps between them can be seen. `plot_step_kernels` puts
-the GPU lane of one step of several traces one above the other, to compare their gaps.
-Slices are coloured by what they compute (`gpuinfer.report.trace.kind_of`).
+`plot_timeline` draws a few decode steps of a trace (read with `gpuinfer.report.trace`)
+as lanes sharing one time axis: the decode steps, the ATen ops the Python code called
+(CPU), the CUDA API calls they made (CPU), and the kernels and copies that ran on the GPU.
+A second panel zooms into a short window, where single launches, the kernels they start
+(joined by a line, like Perfetto's flow arrows) and the idle gaps between them can be seen.
+`plot_step_kernels` puts the GPU lane of one step of several traces one above the other, to
+compare their gaps. Slices are coloured by what they compute
+(`gpuinfer.report.kernel_names.kind_of`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from matplotlib.patches import Patch
 
 from gpuinfer.measure.steps import STEP
 from gpuinfer.report import trace as T
+from gpuinfer.report.kernel_names import KINDS, kind_of
 from gpuinfer.report.plots import PALETTE
 
-COLORS = dict(zip(T.KINDS, [PALETTE[0], PALETTE[3], PALETTE[5], PALETTE[2], PALETTE[4],
+COLORS = dict(zip(KINDS, [PALETTE[0], PALETTE[3], PALETTE[5], PALETTE[2], PALETTE[4],
                             "#D7191C", "#7F7F7F", "#BBBBBB"]))
 IDLE = "#D7191C"  # the GPU running nothing, in plot_step_kernels
 
@@ -43,7 +45,7 @@ def _draw(ax, trace: dict, t0: float, t1: float, step_name: str, flows: bool, un
     step_numbers = {e.ts: i for i, e in enumerate(T.step_events(trace, step_name), start=1)}
     lanes = _lane_slices(trace, t0, t1, step_name)
     width_px = ax.get_window_extent().width or 800
-    min_width = (t1 - t0) / width_px  # thinner slices are drawn one pixel wide, as in Perfetto
+    min_width = (t1 - t0) / width_px  # a thinner slice is drawn a pixel wide (as Perfetto)
     height = 0.7
     for row, lane in enumerate(LANES):
         y = len(LANES) - 1 - row
@@ -52,25 +54,28 @@ def _draw(ax, trace: dict, t0: float, t1: float, step_name: str, flows: bool, un
             for e in events:
                 x0, x1 = max(e.ts, t0), min(e.end, t1)
                 k = step_numbers[e.ts]
-                ax.broken_barh([((x0 - t0) * scale, (x1 - x0) * scale)], (y - height / 2, height),
-                               facecolors="#E4E4E4" if k % 2 else "#CFCFCF", edgecolors="white")
+                ax.broken_barh([((x0 - t0) * scale, (x1 - x0) * scale)],
+                               (y - height / 2, height),
+                               facecolors="#E4E4E4" if k % 2 else "#CFCFCF",
+                               edgecolors="white")
                 wide = (x1 - x0) / (t1 - t0) * width_px  # the bar's width in pixels
                 label = f"step {k}" if wide > 45 else f"{k}" if wide > 14 else ""
                 ax.text(((x0 + x1) / 2 - t0) * scale, y, label, ha="center", va="center",
                         fontsize=8, clip_on=True)
             continue
         bars = [((e.ts - t0) * scale, max(e.dur, min_width) * scale) for e in events]
-        colors = [COLORS[T.kind_of(e.name)] for e in events]
+        colors = [COLORS[kind_of(e.name)] for e in events]
         ax.broken_barh(bars, (y - height / 2, height), facecolors=colors, linewidth=0,
                        antialiased=False)
-        if lane == "CPU: CUDA API":  # mark host syncs, however short, as Perfetto flags them
+        if lane == "CPU: CUDA API":  # mark host syncs, however short, as Perfetto does
             syncs = [(e.ts - t0) * scale for e in events if T.is_sync(e.name)]
             if syncs:
                 ax.plot(syncs, [y + height / 2 + 0.12] * len(syncs), "v", ms=5, zorder=5,
                         color=COLORS["host sync"])
     joined = 0
     if flows:
-        by_corr = {e.correlation: e for e in lanes["CPU: CUDA API"] if e.correlation is not None}
+        by_corr = {e.correlation: e for e in lanes["CPU: CUDA API"]
+                   if e.correlation is not None}
         y_api, y_gpu = len(LANES) - 3, len(LANES) - 4
         for k in lanes["GPU: kernels"]:
             launch = by_corr.get(k.correlation)
@@ -117,7 +122,7 @@ def plot_timeline(trace: dict, *, steps: int = 2, zoom: tuple[float, float] | No
     bottom.set_title(f"zoom: {zoom[1] - zoom[0]:.0f} µs (the shaded window above){lines}",
                      loc="left", fontweight="normal", fontsize=9)
     drawn = _lane_slices(trace, t0, t1, step_name)
-    used = {T.kind_of(e.name) for lane, events in drawn.items() if lane != "decode step"
+    used = {kind_of(e.name) for lane, events in drawn.items() if lane != "decode step"
             for e in events}
     handles = [Patch(color=c, label=k) for k, c in COLORS.items() if k in used]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4),
@@ -127,9 +132,9 @@ def plot_timeline(trace: dict, *, steps: int = 2, zoom: tuple[float, float] | No
 
 def plot_step_kernels(traces: dict[str, dict], *, step: int = 2, step_name: str = STEP,
                       title: str | None = None):
-    """The GPU lane of one decode step of each trace, one row per trace, on a common time axis
-    (microseconds from the step's first kernel), with the time the GPU sat idle between the
-    step's kernels marked in red beneath it."""
+    """The GPU lane of one decode step of each trace, one row per trace, on a common time
+    axis (microseconds from the step's first kernel), with the time the GPU sat idle between
+    the step's kernels marked in red beneath it."""
     fig, ax = plt.subplots(figsize=(7.5, 0.8 * len(traces) + 1.4))
     used = set()
     labels = list(traces)
@@ -137,13 +142,14 @@ def plot_step_kernels(traces: dict[str, dict], *, step: int = 2, step_name: str 
         y = len(labels) - 1 - row
         work = T.step_kernels(traces[label], step, step_name)
         t0 = work[0].ts if work else 0.0
-        for kind in {T.kind_of(e.name) for e in work}:
+        for kind in {kind_of(e.name) for e in work}:
             used.add(kind)
-            ax.broken_barh([(e.ts - t0, e.dur) for e in work if T.kind_of(e.name) == kind],
+            ax.broken_barh([(e.ts - t0, e.dur) for e in work if kind_of(e.name) == kind],
                            (y - 0.2, 0.5), facecolors=COLORS[kind], linewidth=0,
                            antialiased=False)
         idle = [(a - t0, b - a) for a, b in T.gaps([(e.ts, e.end) for e in work])]
-        ax.broken_barh(idle, (y - 0.36, 0.12), facecolors=IDLE, linewidth=0, antialiased=False)
+        ax.broken_barh(idle, (y - 0.36, 0.12), facecolors=IDLE, linewidth=0,
+                       antialiased=False)
     ax.set_yticks(range(len(labels)))
     ax.set_yticklabels(list(reversed(labels)))
     ax.set_ylim(-0.6, len(labels) - 0.4)

@@ -1,0 +1,195 @@
+"""What a recording is checked against: the hashes of what produced it.
+
+A recording keeps three in its provenance (`metadata["gpuinfer"]`, see
+gpuinfer.publish.validation):
+
+- chapter_hash: the chapter's code cells (editing the prose keeps a recording valid);
+- package_hash: the gpuinfer modules the chapter imports, followed through the imports
+  between them, plus the `__init__.py` of every package on the way (editing a module the
+  chapter does not use keeps it valid too). A module is hashed as Python parses it, without
+  its docstrings (comments never reach the parse), so editing a comment or a docstring keeps
+  a recording valid; the chapter's own cells are hashed as written, since its page shows
+  them from the recording;
+- artifacts: each file of `_recorded/<stem>/` (profiler traces), so that a missing, altered
+  or extra file makes the recording stale. Recordings made before this was kept have none,
+  and their artifacts go unchecked.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the gpuinfer sources chapters import
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def code_sources(nb) -> list[str]:
+    return [cell.source for cell in nb.cells if cell.cell_type == "code"]
+
+
+def chapter_hash(nb) -> str:
+    return _sha256(json.dumps(code_sources(nb)).encode())
+
+
+@functools.lru_cache(maxsize=None)
+def _python_tree(source: str) -> ast.Module:
+    """`ast.parse`, once per distinct source: a status check follows the imports of every
+    module and hashes it, for every chapter, and the chapters share most modules. Callers
+    only read the tree."""
+    return ast.parse(source)
+
+
+def _parse(source: str) -> ast.Module:
+    """Parse a cell; IPython syntax (%magic, !shell) is translated to Python first."""
+    try:
+        return _python_tree(source)
+    except SyntaxError:
+        pass
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        return ast.parse(TransformerManager().transform_cell(source))
+    except (ImportError, SyntaxError):
+        return ast.Module(body=[], type_ignores=[])  # broken code fails when run anyway
+
+
+def _imported_names(tree: ast.Module, module: str | None) -> set[str]:
+    """Dotted names under `gpuinfer` that `tree` imports; `module` is the importer's own
+    dotted name (e.g. 'gpuinfer.env'), for relative imports; some names are attributes."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                if module is None:
+                    continue
+                package = module.split(".")[: -node.level]  # a flat package: 'gpuinfer'
+                base = ".".join(package + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            names.add(base)
+            names |= {f"{base}.{alias.name}" for alias in node.names}
+    return {n for n in names if n == "gpuinfer" or n.startswith("gpuinfer.")}
+
+
+def _module_file(name: str, package_dir: Path) -> Path | None:
+    """The source file of dotted module `name` under package_dir, or None (an attribute)."""
+    parts = name.split(".")[1:]
+    if not parts:
+        return package_dir / "__init__.py"
+    for candidate in (package_dir.joinpath(*parts[:-1], parts[-1] + ".py"),
+                      package_dir.joinpath(*parts, "__init__.py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _dotted(path: Path, package_dir: Path) -> str:
+    """gpuinfer/env.py -> 'gpuinfer.env'; gpuinfer/__init__.py -> 'gpuinfer.__init__' (so
+    that dropping the last part gives the package a relative import starts from)."""
+    return ".".join(("gpuinfer",) + path.relative_to(package_dir).with_suffix("").parts)
+
+
+def imported_modules(sources: list[str], package_dir: Path = PACKAGE_DIR) -> list[str]:
+    """The package modules that code imports, followed transitively, as sorted relative
+    paths ('__init__.py', 'env.py', 'kernels/__init__.py', ...). Importing a module runs the
+    `__init__.py` of every package above it, so those are in too (gpuinfer's always)."""
+    todo = [name for src in sources for name in _imported_names(_parse(src), None)]
+    todo.append("gpuinfer")
+    seen: set[Path] = set()
+    while todo:
+        name = todo.pop()
+        path = _module_file(name, package_dir)
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages above
+        tree = _parse(path.read_text(encoding="utf8"))
+        todo += _imported_names(tree, _dotted(path, package_dir))
+    return sorted(str(p.relative_to(package_dir).as_posix()) for p in seen)
+
+
+def _is_docstring(node: ast.AST) -> bool:
+    """A statement that is a bare string: a docstring, or an attribute's docstring after it
+    (either way it computes nothing)."""
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str))
+
+
+def _canonical(node) -> str:
+    """The parse tree as text, without positions, docstrings and empty fields. Not
+    `ast.dump`: that prints fields newer Pythons added (`type_params=[]` from 3.12 on), and
+    a recording made on the GPU's Python must read as fresh on the CI's older one."""
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(n) for n in node if not _is_docstring(n)) + "]"
+    if not isinstance(node, ast.AST):
+        return f"{type(node).__name__}:{node!r}"  # a constant, a name, an operator's id
+    fields = [(name, getattr(node, name, None)) for name in node._fields]
+    return type(node).__name__ + "(" + ",".join(
+        f"{name}={_canonical(value)}" for name, value in fields
+        if value is not None and value != []) + ")"
+
+
+@functools.lru_cache(maxsize=None)  # the chapters share most modules
+def source_hash(source: str) -> str:
+    """sha256 of a module as Python parses it: comments, docstrings, blank lines and layout
+    do not count; a changed name, constant or statement does. Source that does not parse
+    is hashed as written (running it fails anyway)."""
+    try:
+        return _sha256(_canonical(_python_tree(source)).encode())
+    except SyntaxError:
+        return _sha256(source.replace("\r\n", "\n").encode())
+
+
+def module_hashes(modules: list[str], package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
+    """`source_hash` of each module."""
+    return {m: source_hash((package_dir / m).read_text(encoding="utf8")) for m in modules}
+
+
+def package_hash(hashes: dict[str, str]) -> str:
+    return _sha256(json.dumps(sorted(hashes.items())).encode())
+
+
+def current_hashes(nb, package_dir: Path = PACKAGE_DIR) -> dict:
+    """What a recording of notebook `nb` made now would store: the hashes and modules."""
+    modules = module_hashes(imported_modules(code_sources(nb), package_dir), package_dir)
+    return {"chapter_hash": chapter_hash(nb), "package_hash": package_hash(modules),
+            "modules": modules}
+
+
+def artifact_hashes(folder: Path) -> dict[str, str]:
+    """{path under folder: sha256} of every file in an artifacts folder ({} when there is
+    none). A link counts as a file named `-> target`, so that it matches no recording."""
+    folder = Path(folder)
+    if folder.is_symlink() or not folder.is_dir():
+        return {"": "-> " + str(folder.readlink())} if folder.is_symlink() else {}
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_symlink():
+            found[rel] = "-> " + str(path.readlink())
+        elif path.is_file():
+            found[rel] = _sha256(path.read_bytes())
+    return found
+
+
+def artifacts_differ(recorded: dict[str, str], now: dict[str, str]) -> str | None:
+    """None when the artifacts on disk are those recorded; else what differs, in words."""
+    if recorded == now:
+        return None
+    missing = sorted(set(recorded) - set(now))
+    extra = sorted(set(now) - set(recorded))
+    changed = sorted(k for k in set(recorded) & set(now) if recorded[k] != now[k])
+    parts = [f"{label} {', '.join(names[:3])}{' …' if len(names) > 3 else ''}"
+             for label, names in (("missing:", missing), ("altered:", changed),
+                                  ("not from the recording:", extra)) if names]
+    return "; ".join(parts)
