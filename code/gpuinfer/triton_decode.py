@@ -41,6 +41,7 @@ import torch.nn.functional as F
 import triton
 from transformers import LlamaForCausalLM
 
+from gpuinfer.checkpoint import load_llama
 from gpuinfer.kernels.argmax import ArgmaxWorkspace, embed, lm_head_argmax
 from gpuinfer.kernels.attention import AttentionWorkspace, decode_attention
 from gpuinfer.kernels.common import INTERPRETED, Workspace, pdl_supported
@@ -71,7 +72,7 @@ class TritonDecoder:
     form (`quantize_int8`), applied to every matrix of the step.
     """
 
-    def __init__(self, model: LlamaForCausalLM, batch: int = 1, capacity: int = 1024,
+    def __init__(self, model: LlamaForCausalLM | str, batch: int = 1, capacity: int = 1024,
                  *, pdl: bool = True, configs: dict | None = None,
                  inline_reduce: bool = True, inline_argmax: bool = False,
                  attention: dict | None = None,
@@ -79,9 +80,8 @@ class TritonDecoder:
         if batch != 1:
             raise NotImplementedError(f"TritonDecoder decodes one sequence (batch=1), "
                                       f"not {batch}: its kernels are batch-1 GEMVs")
+        model = load_llama(model)  # a LlamaForCausalLM, or a checkpoint folder
         cfg, llama = model.config, model.model
-        if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
-            raise NotImplementedError("TritonDecoder covers Llamas without biases")
         self.batch, self.capacity = batch, capacity
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = head_dim(cfg)
@@ -193,10 +193,25 @@ class TritonDecoder:
 
     def capture(self, warmup: int = 2) -> torch.cuda.CUDAGraph:
         """Capture decode_step in a CUDA graph (compiling the kernels first, on a side
-        stream, as the CUDA-graph docs prescribe). Prefill afterwards: the warm-up steps
-        start from slot 0 and leave the state behind them."""
-        self.pos.zero_()
-        self.graph, _ = capture_graph(self.decode_step, warmup=warmup)
+        stream, as the CUDA-graph docs prescribe), keeping the decoder's state.
+
+        The warm-up steps run from pos and write tokens and cache slots past it; pos and
+        the tokens are saved before and put back after, and the cache slots past pos
+        are hidden from attention until a step overwrites them. So a capture right
+        after a prefill keeps the prefill (capturing zeroed pos before: the warm-up
+        steps overwrote the prefilled cache, silently). Without room for the warm-up
+        steps past pos it raises."""
+        start = int(self.pos.item())
+        if start + warmup >= self.capacity:
+            raise ValueError(f"capturing the step runs it {warmup} times from slot "
+                             f"{start}, past the cache's {self.capacity} slots: capture "
+                             "before the prefill, or build the decoder with room for them")
+        saved_tokens = self.tokens.clone()
+        try:
+            self.graph, _ = capture_graph(self.decode_step, warmup=warmup)
+        finally:
+            self.pos.fill_(start)
+            self.tokens.copy_(saved_tokens)
         return self.graph
 
     def step_function(self, graph: bool | None = None):
@@ -268,7 +283,9 @@ class TritonDecoder:
         length = prompt_ids.shape[1]
         if length + new_tokens > self.capacity:
             raise ValueError(f"{length} + {new_tokens} tokens exceed {self.capacity=}")
-        step = self.step_function(graph)  # capture first: capture runs decode_step
+        if self.graph is None and (graph or graph is None and self.on_gpu):
+            self.pos.zero_()  # a first capture finds room: the prefill replaces the state
+        step = self.step_function(graph)
         self.prefill(prompt_ids.to(self.device))
         for _ in range(new_tokens - 1):
             step()

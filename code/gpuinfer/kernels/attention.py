@@ -48,9 +48,15 @@ def combine_head(part_ptr, o_ptr, h, active, GROUP: tl.constexpr,
     """o of head h's query heads from the partials of its first `active` splits (the
     non-empty ones), in split order, in FP32."""
     ROW: tl.constexpr = HEAD_DIM + 2  # a partial row: acc[0:HEAD_DIM], max, sum
+    # Any group (Llama-3.2-3B's is 3): its axis padded to a power of two, as tl.arange
+    # needs. A padded head re-reads the last real one, so it stays in bounds and finite
+    # (an all-masked head would be 0 / 0 = NaN), and it is never stored.
+    GROUP_P2: tl.constexpr = triton.next_power_of_2(GROUP)
     s = tl.arange(0, N_SPLIT)[:, None]
-    g = tl.arange(0, GROUP)[None, :]
-    row = ((h * N_SPLIT + s) * GROUP + g) * ROW  # (N_SPLIT, GROUP)
+    g = tl.arange(0, GROUP_P2)[None, :]
+    if GROUP_P2 != GROUP:  # a power of two compiles as before, without the min
+        g = tl.minimum(g, GROUP - 1)
+    row = ((h * N_SPLIT + s) * GROUP + g) * ROW  # (N_SPLIT, GROUP_P2)
     written = s < active
     m = tl.load(part_ptr + row + HEAD_DIM, mask=written, other=float("-inf"),
                 cache_modifier=".cg")
@@ -62,11 +68,13 @@ def combine_head(part_ptr, o_ptr, h, active, GROUP: tl.constexpr,
     d = tl.arange(0, HEAD_DIM)[None, None, :]
     acc = tl.load(part_ptr + row[:, :, None] + d, mask=written[:, :, None], other=0.0,
                   cache_modifier=".cg")
-    o = tl.sum(acc * scale[:, :, None], axis=0) / total[:, None]  # (GROUP, HEAD_DIM)
+    o = tl.sum(acc * scale[:, :, None], axis=0) / total[:, None]  # (GROUP_P2, HEAD_DIM)
     dd = tl.arange(0, HEAD_DIM)[None, :]
-    out = o_ptr + (h * GROUP + tl.arange(0, GROUP)[:, None]) * HEAD_DIM + dd
+    g = tl.arange(0, GROUP_P2)[:, None]
+    out = o_ptr + (h * GROUP + g) * HEAD_DIM + dd
     dt = o_ptr.dtype.element_ty
-    tl.store(out, round_to(o, dt).to(dt))  # round_to: the interpreter truncates to BF16
+    # round_to: the interpreter truncates to BF16
+    tl.store(out, round_to(o, dt).to(dt), mask=g < GROUP)
 
 
 @triton.jit
@@ -100,8 +108,9 @@ def attention_partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, o_ptr, cnt_
     v_new = tl.load(v_ptr + at_newest, mask=has_newest)
     k = tl.where(newest[:, None], k_new[None, :], k)
     v = tl.where(newest[:, None], v_new[None, :], v)
-    # The group's queries padded to GROUP_PAD >= 16 rows of zeros, the least tl.dot
-    # takes: both products run on the tensor cores, and the padding costs no memory.
+    # The group's queries padded with rows of zeros to GROUP_PAD, a power of two >= 16
+    # (the least tl.dot takes), whatever the group: both products run on the tensor
+    # cores, and the padding costs no memory (masked loads and stores).
     g = tl.arange(0, GROUP_PAD)
     q = tl.load(q_ptr + (h * GROUP + g)[:, None] * HEAD_DIM + d[None, :],
                 mask=(g < GROUP)[:, None], other=0.0)
@@ -162,7 +171,8 @@ def attention_combine_kernel(part_ptr, o_ptr, pos_ptr, GROUP: tl.constexpr,
 
 class AttentionWorkspace:
     """The partials (kv_heads, n_split, group, head_dim + 2) FP32 and the per-head
-    arrival counters of the inline combine, allocated once."""
+    arrival counters of the inline combine, allocated once. Any group: the kernels'
+    padded heads are never stored."""
 
     def __init__(self, device, n_kv: int, group: int, head_dim: int, n_split: int):
         self.n_split = n_split
@@ -181,7 +191,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     capacity, d); pos a one-element tensor. Returns (heads * d,) in q's dtype."""
     n_kv, capacity, head_dim = k_cache.shape
     group = q.numel() // (n_kv * head_dim)
-    check_pow2(group=group, head_dim=head_dim, n_split=n_split, block_s=block_s)
+    check_pow2(head_dim=head_dim, n_split=n_split, block_s=block_s)  # not group: padded
     if head_dim < 16 or block_s < 16:
         raise ValueError("tl.dot needs head_dim >= 16 and block_s >= 16")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
@@ -193,7 +203,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     attention_partial_kernel[(n_kv, n_split)](
         q, k_cache, v_cache, pos, ws.partials, out, ws.counters,
         capacity * head_dim, head_dim**-0.5,
-        GROUP=group, GROUP_PAD=max(16, group), HEAD_DIM=head_dim, N_SPLIT=n_split,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, N_SPLIT=n_split,
         BLOCK_S=block_s, UPCAST=INTERPRETED or q.dtype == torch.float32,
         INLINE_COMBINE=inline_combine, PDL=pdl,
         **launch_options(num_warps, num_stages, pdl))
