@@ -71,21 +71,11 @@ class LaunchCost:
     n_launches: int  # launches per round
     clock: str
 
-    @property
-    def median(self) -> float:
-        return statistics.median(self.per_round_us)
-
-    @property
-    def low(self) -> float:
-        return min(self.per_round_us)
-
-    @property
-    def high(self) -> float:
-        return max(self.per_round_us)
-
-    @property
-    def rounds(self) -> int:
-        return len(self.per_round_us)
+    # The spread over the rounds, in µs per launch.
+    median = property(lambda self: statistics.median(self.per_round_us))
+    low = property(lambda self: min(self.per_round_us))
+    high = property(lambda self: max(self.per_round_us))
+    rounds = property(lambda self: len(self.per_round_us))
 
     def __str__(self) -> str:
         return (f"{self.median:.2f} µs per launch ({self.low:.2f}–{self.high:.2f} over "

@@ -88,23 +88,12 @@ class StockRun:
     def _stat(self, times: tuple[float, ...], how) -> float:
         return float(how(Timing(times, self.clock))) if times else math.nan
 
-    @property
-    def median(self) -> float:
-        """Median decode time per token (ms); NaN for a variant that failed."""
-        return self._stat(self.decode_ms, lambda t: t.median)
-
-    @property
-    def low(self) -> float:
-        return self._stat(self.decode_ms, lambda t: t.min)
-
-    @property
-    def high(self) -> float:
-        return self._stat(self.decode_ms, lambda t: t.max)
-
-    @property
-    def prefill(self) -> float:
-        """Median time of a one-token generation (ms): the prefill and the first token."""
-        return self._stat(self.prefill_ms, lambda t: t.median)
+    # Decode time per token (ms) over the rounds, and the prefill's median (a one-token
+    # generation: the prefill and the first token); NaN for a variant that failed.
+    median = property(lambda self: self._stat(self.decode_ms, lambda t: t.median))
+    low = property(lambda self: self._stat(self.decode_ms, lambda t: t.min))
+    high = property(lambda self: self._stat(self.decode_ms, lambda t: t.max))
+    prefill = property(lambda self: self._stat(self.prefill_ms, lambda t: t.median))
 
     def against(self, name: str, ours: Timing) -> Comparison:
         """`ours` (decode ms per token over a chapter's rounds) against this variant. Not
