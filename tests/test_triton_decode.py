@@ -24,6 +24,7 @@ from gpuinfer.kernels.quant import quantize_int8  # noqa: E402
 from gpuinfer.model import cost  # noqa: E402
 from gpuinfer.model.configs import load_llama  # noqa: E402
 from gpuinfer.model.llama import INT8  # noqa: E402
+from gpuinfer.model.train import train  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -255,19 +256,13 @@ def test_any_grouped_query_group_gives_the_models_tokens(heads):
 
 
 def trained_checkpoint(folder):
-    """A small Llama trained a few steps on a repeating sequence, saved by
-    save_pretrained: its greedy text is not one token repeated, as a random model's
-    may be."""
+    """A small Llama trained a few steps on a repeating sequence (`gpuinfer.train`),
+    saved by save_pretrained: its greedy text is not one token repeated, as a random
+    model's may be."""
     model = small_llama()
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    tokens = (torch.arange(33 * 8) % 97).view(8, 33).to(DEVICE)
-    for _ in range(15):
-        loss = model(input_ids=tokens, labels=tokens).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval().save_pretrained(folder)
+    train(model, torch.arange(33 * 8) % 97, steps=15, batch=8, seq_len=32, lr=3e-3,
+          warmup=1, log_every=100)
+    model.save_pretrained(folder)  # train leaves it in eval mode
     return folder
 
 
