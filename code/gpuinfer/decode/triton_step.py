@@ -225,6 +225,5 @@ class TritonDecoder:
         """`new_tokens` greedy tokens after the prompt: int64 CPU (1, new_tokens)."""
         if new_tokens >= 1:
             check_prompt(self, prompt_ids, new_tokens)
-        if self.graph is None and (graph or graph is None and self.on_gpu):
-            self.pos.zero_()  # a first capture finds room: the prefill replaces the state
+        self.pos.zero_()  # a first capture finds room; the prefill replaces the state
         return generate(self, prompt_ids, new_tokens, self.step_function(graph))
