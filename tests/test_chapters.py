@@ -4,7 +4,10 @@ The chapters' `assert`s are their self-checks, so a successful execution *is* th
 smoke mode a chapter must say so visibly: its outputs are not GPU results.
 """
 
+import base64
+import re
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -65,6 +68,40 @@ def test_chapter_runs_in_smoke_mode(chapter, tmp_path, monkeypatch):
     text = output_text(nb)
     assert "Smoke mode: no CUDA device" in text, "the smoke-mode warning must be visible"
     assert not list(CHAPTERS[chapter].parent.glob("*.ipynb")), "chapter wrote into book/"
+    wide = {i: w for i, w in png_widths(nb) if w > MAX_PNG_WIDTH}
+    assert not wide, (f"{chapter}: figures wider than {MAX_PNG_WIDTH} px (cell: width) are "
+                      f"shrunk on the page until their text is unreadable; make them at "
+                      f"most 7.5 inches wide: {wide}")
+
+
+MAX_PNG_WIDTH = 1200  # the page shows a figure ~700 px wide: wider ones shrink their text
+
+
+def png_widths(nb):
+    """(cell index, width in pixels) of every PNG a chapter shows or glues."""
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            for key, data in out.get("data", {}).items():
+                if key.endswith("image/png"):
+                    head = base64.b64decode("".join(data)[:100])
+                    yield i, struct.unpack(">II", head[16:24])[0]
+
+
+def exercises(text: str) -> list[str]:
+    """The exercises of a chapter's "Exercises" section, each with what follows it up to the
+    next exercise (numbered list items at the start of a line)."""
+    section = text.split("## Exercises", 1)[1] if "## Exercises" in text else ""
+    section = re.split(r"\n## ", section, maxsplit=1)[0]
+    return [part for part in re.split(r"\n(?=\d+\. )", "\n" + section) if part.strip()]
+
+
+@pytest.mark.parametrize("chapter", list(CHAPTERS))
+def test_every_exercise_has_an_answer(chapter):
+    """An exercise without an answer leaves the reader unable to check their work: each
+    one is followed by a dropdown with its answer, read from the recording."""
+    items = exercises(CHAPTERS[chapter].read_text(encoding="utf8"))
+    bare = [item.strip().splitlines()[0][:70] for item in items if "dropdown" not in item]
+    assert not bare, f"{chapter}: exercises without a dropdown answer: {bare}"
 
 
 HIDDEN = {"remove-input", "remove-cell", "hide-input"}  # cells whose code the page hides

@@ -27,9 +27,10 @@ class Result:
 
     variant: str  # its name in the chapter, e.g. "V9"
     model: str  # e.g. "small Llama, FP32"
-    ms_per_token: float
-    # what a step must move (weights and KV cache), from the accounting
-    bytes_per_token: float
+    ms_per_token: float  # decode only: the prefill is not in it (see prefill_ms)
+    # what a step must move (weights and KV cache), from the accounting; None where a pass
+    # commits several tokens (speculative decoding), so that no per-token floor applies
+    bytes_per_token: float | None
     bandwidth: float  # the chapter's measured copy rate, bytes/s
     x_v0: float | None = None  # speed-up over the chapter's naive loop, where it has one
     x_generate_static: float | None = None  # over stock generate() with a static cache
@@ -37,28 +38,43 @@ class Result:
     ms_range: tuple[float, float] | None = None  # fastest and slowest round
     x_v0_range: tuple[float, float] | None = None  # lowest and highest per-round speed-up
     x_generate_static_range: tuple[float, float] | None = None
+    prefill_ms: float | None = None  # the prompt's prefill, timed apart, where measured
 
     @property
     def tokens_per_s(self) -> float:
         return 1e3 / self.ms_per_token
 
     @property
-    def gb_per_s(self) -> float:
+    def gb_per_s(self) -> float | None:
         """The bytes a step must move, per second of step: achieved bandwidth, in GB/s."""
+        if self.bytes_per_token is None:
+            return None
         return self.bytes_per_token / (self.ms_per_token / 1e3) / 1e9
 
     @property
-    def floor_fraction(self) -> float:
+    def floor_fraction(self) -> float | None:
         """The bandwidth floor (bytes/copy rate) over the measured time: 1 is the floor."""
+        if self.bytes_per_token is None:
+            return None
         return self.bytes_per_token / self.bandwidth / (self.ms_per_token / 1e3)
 
+    def datasheet_fraction(self, datasheet_bandwidth: float) -> float | None:
+        """The same fraction against a datasheet's bandwidth (bytes/s) instead of the
+        measured copy rate: what published MBU figures usually divide by."""
+        if self.bytes_per_token is None:
+            return None
+        return self.bytes_per_token / datasheet_bandwidth / (self.ms_per_token / 1e3)
 
-def from_rounds(rounds: Rounds, *, model: str, bytes_per_token: dict[str, float],
-                bandwidth: float, v0: str | None = None, generate_static: str | None = None,
-                sections: dict[str, str] | None = None,
-                names: list[str] | None = None) -> list[Result]:
-    """A row per variant of `rounds` (times in ms per token), in the order of `names`.
-    Speed-ups are over the variants named `v0` and `generate_static`, in the same rounds."""
+
+def from_rounds(rounds: Rounds, *, model: str,
+                bytes_per_token: dict[str, float | None], bandwidth: float,
+                v0: str | None = None, generate_static: str | None = None,
+                sections: dict[str, str] | None = None, names: list[str] | None = None,
+                prefill_ms: dict[str, float] | None = None) -> list[Result]:
+    """A row per variant of `rounds` (decode times in ms per token, prefill excluded), in
+    the order of `names`. Speed-ups are over the variants named `v0` and
+    `generate_static`, in the same rounds; `prefill_ms`, where given, is each variant's
+    prefill timed apart (its own column)."""
 
     def over(base, name):
         if base is None:
@@ -71,9 +87,9 @@ def from_rounds(rounds: Rounds, *, model: str, bytes_per_token: dict[str, float]
         t = rounds[name]
         x_v0, x_v0_range = over(v0, name)
         x_gs, x_gs_range = over(generate_static, name)
-        rows.append(Result(name, model, t.median, bytes_per_token[name], bandwidth, x_v0,
-                           x_gs, (sections or {}).get(name, ""), (t.min, t.max),
-                           x_v0_range, x_gs_range))
+        rows.append(Result(name, model, t.median, bytes_per_token.get(name), bandwidth,
+                           x_v0, x_gs, (sections or {}).get(name, ""), (t.min, t.max),
+                           x_v0_range, x_gs_range, (prefill_ms or {}).get(name)))
     return rows
 
 
@@ -87,12 +103,15 @@ def _ranged(value: float | None, spread: tuple[float, float] | None, unit: str =
 def markdown(rows: list[Result]) -> str:
     """The rows as a chapter's end-to-end table: medians over the rounds, and in brackets
     the fastest and slowest round (for the speed-ups, the lowest and highest per round)."""
-    lines = ["| variant | ms / token | tokens / s | × V0 | × generate(static) |",
-             "|---|---:|---:|---:|---:|"]
+    prefill = any(r.prefill_ms is not None for r in rows)
+    lines = ["| variant | decode ms / token | tokens / s | × V0 | × generate(static) |"
+             + (" prefill ms |" if prefill else ""),
+             "|---|---:|---:|---:|---:|" + ("---:|" if prefill else "")]
     lines += [f"| {r.variant} | {_ranged(r.ms_per_token, r.ms_range)} "
               f"| {r.tokens_per_s:,.0f} "
               f"| {_ranged(r.x_v0, r.x_v0_range, '×')} "
               f"| {_ranged(r.x_generate_static, r.x_generate_static_range, '×')} |"
+              + (f" {_ranged(r.prefill_ms, None)} |" if prefill else "")
               for r in rows]
     return "\n".join(lines)
 
