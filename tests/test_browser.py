@@ -1,7 +1,8 @@
 """The built site in a real browser: Debian's headless Chromium, driven by Playwright.
 
 For every page of the table of contents: it loads with no console error, no JavaScript
-error and no failed request; it is not blank; every image has loaded; every internal link
+error and no failed request; it is not blank; every image has loaded; every table fits the
+text column at 1280 px; every internal link
 and anchor resolves; the download links serve their files. The search page finds
 "roofline". A full-page screenshot of every page, and one of every figure in the dark colour
 mode, is saved in _build/screenshots/ for a human to look at.
@@ -232,6 +233,16 @@ def test_page_works_in_a_browser(tab, docname):
         problems.append(f"blank page: {len(text.strip())} characters of text")
     if is_blank(page.screenshot()):
         problems.append("the screenshot is a single colour")
+
+    # Every table fits the text column at 1280 px: a column pushed behind a scrollbar is
+    # one the reader never sees (tables inside closed dropdowns are not laid out: skipped).
+    wide = page.evaluate("""() => Array.from(document.querySelectorAll('article table'))
+        .filter(t => t.offsetParent !== null)
+        .map(t => [t, t.closest('.pst-scrollable-table-container') || t.parentElement])
+        .filter(([t, box]) => t.scrollWidth > box.clientWidth + 2)
+        .map(([t, box]) => `${(t.innerText || '').trim().slice(0, 40)}... is ` +
+                           `${t.scrollWidth} px wide in a ${box.clientWidth} px column`)""")
+    problems.extend(f"table wider than the page: {w}" for w in wide)
 
     links = check_links(page, base, url, problems)
     downloads = check_downloads(page, base, html, problems)

@@ -81,6 +81,27 @@ def test_step_clock_times_every_decode_step(model, prompt):
     assert not steps.clock_running()  # the clock is off again
 
 
+def test_split_rounds_splits_each_generation(model, prompt):
+    import warnings
+
+    fns = {name: (lambda fn=fn: fn(model, prompt, 5))
+           for name, fn in [("V0", decode.decode_naive), ("V2", decode.decode_no_sync)]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the host clock's warning on a CPU
+        split = decode.split_rounds(fns, 5, rounds=2, warmup=1)
+    for name in fns:
+        assert split.decode.rounds == split.prefill.rounds == split.whole.rounds == 2
+        for r in range(2):
+            prefill, per_step = split.prefill.times_ms[name][r], split.decode.times_ms[name][r]
+            # the parts fit inside the whole call (timed by interleaved_rounds, per token)
+            assert 0 < prefill + 4 * per_step <= split.whole.times_ms[name][r] * 5 * 1.05
+            assert per_step * 4 == pytest.approx(sum(split.steps_ms[name][r][-4:]))
+    assert len(split.steps_ms["V0"][0]) == 5 and len(split.steps_ms["V2"][0]) == 4
+    assert not steps.clock_running()
+    with pytest.raises(ValueError):
+        decode.split_rounds(fns, 1, rounds=1)
+
+
 def test_stock_generate_gives_the_reference_tokens(model, prompt, reference):
     for fn in decode.BASELINES.values():
         assert torch.equal(fn(model, prompt, NEW_TOKENS), reference), fn.__name__

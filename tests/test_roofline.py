@@ -70,13 +70,17 @@ def test_achieved():
         ("NVIDIA A100-SXM4-40GB", "A100 SXM4 40GB"),
         ("NVIDIA L40S", "L40S"),
         ("Tesla T4", "T4"),
+        ("NVIDIA L4", "L4"),  # not L40S
+        ("NVIDIA A100-PCIE-40GB", "A100 PCIe 40GB"),
+        ("NVIDIA A100 80GB PCIe", "A100 PCIe 80GB"),
+        ("NVIDIA H100 PCIe", "H100 PCIe 80GB"),
     ],
 )
 def test_lookup_known_gpus(device_name, row):
     assert rl.lookup_spec(device_name).name == row
 
 
-@pytest.mark.parametrize("device_name", ["NVIDIA H200 NVL", "NVIDIA H100 PCIe",
+@pytest.mark.parametrize("device_name", ["NVIDIA H200 NVL", "NVIDIA H100 NVL",
                                          "NVIDIA GeForce RTX 4090", "", None])
 def test_lookup_unknown_gpus(device_name):
     assert rl.lookup_spec(device_name) is None

@@ -108,3 +108,54 @@ def test_author_year_labels():
     assert list(AuthorYearLabels().format_labels(entries)) == [
         "Williams et al., 2009", "Okabe and Ito, 2008", "NVIDIA, 2024a", "NVIDIA, 2024b",
         "Kaiser et al., 2017", "PyTorch Contributors, n.d."]
+
+
+def test_the_repository_address_from_the_workflow_or_the_checkout(monkeypatch, tmp_path):
+    from gpuinfer.publish import sphinx_site
+
+    for key in ("GPUINFER_REPOSITORY", "GITHUB_REPOSITORY", "GITHUB_SERVER_URL"):
+        monkeypatch.delenv(key, raising=False)
+    assert sphinx_site.repository_url(tmp_path) is None  # not a checkout: no address
+    monkeypatch.setenv("GITHUB_REPOSITORY", "owner/book")  # any GitHub Actions run
+    assert sphinx_site.repository_url(tmp_path) == "https://github.com/owner/book"
+    monkeypatch.setenv("GPUINFER_REPOSITORY", "git@github.com:owner/other.git")
+    assert sphinx_site.repository_url(tmp_path) == "https://github.com/owner/other"
+    monkeypatch.delenv("GPUINFER_REPOSITORY")
+    monkeypatch.delenv("GITHUB_REPOSITORY")
+    import subprocess
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "remote", "add", "origin",
+                    "https://github.com/someone/gpu-book.git"], check=True)
+    assert sphinx_site.repository_url(tmp_path) == "https://github.com/someone/gpu-book"
+
+
+def test_the_repository_button_and_substitution(monkeypatch, tmp_path):
+    from gpuinfer.publish import sphinx_site
+
+    monkeypatch.setenv("GPUINFER_REPOSITORY", "https://github.com/owner/book")
+    app = SimpleNamespace(srcdir=str(tmp_path))
+    config = SimpleNamespace(html_theme_options={"repository_url": "x"},
+                             myst_substitutions={})
+    sphinx_site.set_repository(app, config)
+    assert config.html_theme_options == {"repository_url": "https://github.com/owner/book",
+                                         "use_repository_button": True}
+    assert config.myst_substitutions["repository"] == "https://github.com/owner/book"
+    monkeypatch.delenv("GPUINFER_REPOSITORY")
+    monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
+    sphinx_site.set_repository(app, config)  # tmp_path is no checkout: no button
+    assert config.html_theme_options == {"use_repository_button": False}
+    assert config.myst_substitutions["repository"] == sphinx_site.NO_REPOSITORY
+
+
+def test_results_rows_against_both_denominators_and_the_fastest_of_ours():
+    from gpuinfer.publish.sphinx_results import cells, fastest
+    from gpuinfer.report.results import Result
+
+    ours = Result("V9", "m", 1.0, 3.0e9, 4.0e12, prefill_ms=12.0)
+    stock = Result("generate(static)", "m", 0.5, 3.0e9, 4.0e12, stock=True)
+    spec = Result("speculative", "m", 0.4, None, 4.0e12)
+    assert cells(ours, 5.0e12)[:6] == ["1", "1,000", "12", "3,000", "75 %", "60 %"]
+    assert cells(spec, 5.0e12)[2:6] == ["–", "–", "–", "–"]  # no per-token floor
+    assert cells(ours, None)[5] == "–"  # a GPU without a datasheet row
+    assert fastest([ours, stock, spec]) == [spec]  # the fastest of the book's own loops
+    assert fastest([stock]) == []

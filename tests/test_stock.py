@@ -66,6 +66,9 @@ def test_glue_values_and_the_generate_static_ratio(baselines):
     assert rebased[1].x_generate_static == pytest.approx(1.0)  # static over itself
     low, high = rebased[1].x_generate_static_range
     assert low <= 1.0 <= high
+    assert all(r.stock for r in rebased)  # the stock runs' own rows, not the book's loops
+    ours = results.Result("V9", "toy", 1.0, 1.0, 1.0, ms_range=(0.9, 1.1))
+    assert not baselines.rebase([ours])[0].stock
     assert "per decode token" in baselines.sentence()
 
 

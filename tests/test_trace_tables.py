@@ -51,3 +51,32 @@ def test_long_kernel_names_are_cut_to_fit():
     row = TT.KernelRow("x" * 100, "other", "ATen", 1, 1.0)
     line = TT.kernel_table_markdown([row]).splitlines()[-1]
     assert f"`{'x' * (TT.NAME_CHARS - 1)}…`" in line
+
+
+def _pdl_trace():
+    """One decode step of three kernels: the second starts early, under the first (PDL),
+    then a gap, then the third; their durations sum to more than the step."""
+    def x(cat, name, ts, dur, corr=None, pid=100, tid=100):
+        e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid,
+             "tid": tid}
+        if corr is not None:
+            e["args"] = {"correlation": corr}
+        return e
+    events = [x("user_annotation", "decode_step", 0, 50)]
+    kernels = [("gemv_kernel", 100, 40), ("attention_partial_kernel", 130, 30),
+               ("gemv_kernel", 170, 20)]
+    for i, (name, ts, dur) in enumerate(kernels, 1):
+        events.append(x("cuda_runtime", "cudaLaunchKernel", 5 * i, 2, i))
+        events.append(x("kernel", name, ts, dur, i, pid=0, tid=7))
+    return {"traceEvents": events}
+
+
+def test_the_timeline_counts_each_microsecond_once():
+    t = TT.step_timeline(_pdl_trace())
+    # gemv 100-140 (owns it all), attention 130-160 (owns 140-160), idle 160-170, gemv
+    assert t.span_us == 90 and t.idle_us == 10 and t.overlap_us == 10
+    assert t.by_kind["matrix multiply"] == 60 and t.by_kind["attention"] == 20
+    assert sum(t.by_kind.values()) + t.idle_us == t.span_us
+    assert t.share("attention") == pytest.approx(20 / 90)
+    rows = TT.kernel_table(_pdl_trace())
+    assert sum(r.us for r in rows) == 90  # the durations, 40 + 30 + 20, overlap

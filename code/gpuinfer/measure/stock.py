@@ -130,14 +130,18 @@ class StockBaselines:
 
     def rebase(self, rows: list) -> list:
         """Result rows (`gpuinfer.report.results.Result`) with their × generate(static) over
-        this static baseline: its median over the row's, the range from the two spreads."""
+        this static baseline: its median over the row's, the range from the two spreads;
+        the rows of these stock runs marked `stock`."""
         static = self.runs.get("static")
+        ours = {r.label for r in self.runs.values()}  # rows of the stock runs themselves
         if static is None or not static.ok:
             return [dataclasses.replace(r, x_generate_static=None,
-                                        x_generate_static_range=None) for r in rows]
+                                        x_generate_static_range=None,
+                                        stock=r.variant in ours) for r in rows]
         return [dataclasses.replace(r, x_generate_static=static.median / r.ms_per_token,
                                     x_generate_static_range=(static.low / r.ms_range[1],
-                                                             static.high / r.ms_range[0]))
+                                                             static.high / r.ms_range[0]),
+                                    stock=r.variant in ours)
                 for r in rows]
 
     def glue_values(self) -> dict[str, float]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuinfer.publish import book, store
+from gpuinfer.publish.gpumem import PeakMemory
 from gpuinfer.publish.hashes import current_hashes
 from gpuinfer.publish.preflight import (UsageError, book_chapters, check_writable,
                                         find_root, free_mb, missing_packages,
@@ -176,12 +177,14 @@ def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Resu
         artifacts.mkdir()
         nb = book.read_chapter(path)
         hashes = current_hashes(nb)  # of the code that runs, before it runs
-        execute(chapter, nb, path.parent, artifacts, scratch / "kernel.json")
+        with PeakMemory() as memory:  # what a reader's GPU needs for this chapter
+            execute(chapter, nb, path.parent, artifacts, scratch / "kernel.json")
         seconds = time.perf_counter() - start
         strip(nb)
         meta = provenance()
         meta.update(hashes)
-        meta.update(seconds=round(seconds, 1), allow_cpu=allow_cpu,
+        meta.update(seconds=round(seconds, 1), peak_gpu_memory_gib=memory.peak_gib,
+                    allow_cpu=allow_cpu,
                     command=f"python -m gpuinfer.publish.record {chapter}")
         nb.metadata[METADATA_KEY] = meta
         store.commit(path, nb, artifacts)

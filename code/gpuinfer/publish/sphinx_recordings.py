@@ -14,7 +14,8 @@ Under the title of each chapter page goes the recording's provenance, with downl
 (or, for a preview, a banner saying that its outputs are not GPU results). The recording
 and the package modules a chapter imports are Sphinx dependencies of its page, so an
 incremental build picks up a re-recording or a change of the package. The directive
-`{recorded-runtimes}` tabulates each chapter's recording: its state, GPU, date and run time.
+`{recorded-runtimes}` tabulates each chapter's recording: its state, GPU, date, run time and
+the peak GPU memory it used (gpuinfer.publish.gpumem).
 
 A build reads the recordings and never writes into them: it refuses a GPUINFER_ARTIFACTS
 (where a preview's traces go) that is relative or lies in a chapter's folder. A book whose
@@ -246,11 +247,13 @@ STATE_TEXT = {"fresh": "up to date", "stale": "stale (from an older version)",
 
 
 class RecordedRuntimes(SphinxDirective):
-    """Per chapter: the state of its recording, the GPU, the date and the run time."""
+    """Per chapter: the state of its recording, the GPU, the date, the run time and the
+    peak GPU memory in use while it ran."""
 
     def run(self):
         root = Path(self.env.srcdir)
-        header = ["chapter", "recording", "GPU", "recorded", "run time (s)"]
+        header = ["chapter", "recording", "GPU", "recorded", "run time (s)",
+                  "peak GPU memory (GiB)"]
         rows, total, timed = [], 0.0, 0
         found = getattr(self.env.app, "gpuinfer_status", {})  # from the start of the build
         for chapter, path in book.chapters(root).items():
@@ -266,12 +269,14 @@ class RecordedRuntimes(SphinxDirective):
             seconds = meta.get("seconds") if shown in ("fresh", "stale") else None
             if isinstance(seconds, (int, float)):
                 total, timed = total + seconds, timed + 1
+            memory = meta.get("peak_gpu_memory_gib") if shown in ("fresh", "stale") else None
             rows.append([link, STATE_TEXT[shown], meta.get("gpu") or "–",
                          meta.get("date") or "–",
-                         f"{seconds:.0f}" if isinstance(seconds, (int, float)) else "–"])
+                         f"{seconds:.0f}" if isinstance(seconds, (int, float)) else "–",
+                         f"{memory:.1f}" if isinstance(memory, (int, float)) else "–"])
         if timed:
             rows.append([nodes.strong(text="all chapters"), "", "", "",
-                         nodes.strong(text=f"{total:.0f}")])
+                         nodes.strong(text=f"{total:.0f}"), ""])
         return [table(header, rows, classes=("recorded-runtimes",))]
 
 

@@ -6,6 +6,13 @@
   download from its recording (the executed notebook, profiler traces), next to the source.
 - Figures get alt text: gpuinfer.report.plots stores a description of every figure in its
   PNG, and it becomes the <img alt> here (instead of the file's name).
+- The repository: its address (`repository_url`) comes from the publishing workflow
+  (GPUINFER_REPOSITORY, from the runner's GITHUB_SERVER_URL and GITHUB_REPOSITORY), or from
+  the checkout's `origin` remote; with one, every page gets the theme's repository button,
+  `{{ repository }}` in the text is the address, and `{repository-commands}` shows a
+  reader the commands that get the package and run one chapter on their GPU.
+- Tables: a smaller font and tighter cells (static/gpuinfer.css), so that the wide ones fit
+  the text column; the theme's container still scrolls a table sideways on a narrow screen.
 - Two fixes of the theme's page head, found by the browser test (tests/test_browser.py):
   the colour mode starts in "auto" (without it a first visit logs "Got invalid theme mode"),
   and sphinx-thebe's inline script, emitted twice, is emitted once (the second copy is a
@@ -14,6 +21,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 from pathlib import Path
 
 from docutils import nodes
@@ -91,6 +101,70 @@ class GPUSpecTable(SphinxDirective):
         note = nodes.paragraph("", "", nodes.emphasis(text="Sources. "),
                                nodes.Text(listed + "."))
         return [table(header, rows, classes=("gpu-spec-table",)), note]
+
+
+# --- the repository ----------------------------------------------------------------------
+
+STATIC = Path(__file__).parent / "static"  # gpuinfer.css
+NO_REPOSITORY = "the book's repository (its address is set when the site is published)"
+
+
+def _https(remote: str) -> str:
+    """git@github.com:owner/name.git or https://github.com/owner/name.git -> https://..."""
+    remote = re.sub(r"^git@([^:]+):", r"https://\1/", remote.strip())
+    return remote.removesuffix(".git").removesuffix("/")
+
+
+def repository_url(root: Path) -> str | None:
+    """The book's repository, from the publishing workflow's environment, else from the
+    checkout's `origin` remote; None when neither knows it."""
+    if os.environ.get("GPUINFER_REPOSITORY"):
+        return _https(os.environ["GPUINFER_REPOSITORY"])
+    if os.environ.get("GITHUB_REPOSITORY"):  # any GitHub Actions run knows its repository
+        server = os.environ.get("GITHUB_SERVER_URL", "https://github.com")
+        return f"{server}/{os.environ['GITHUB_REPOSITORY']}"
+    try:
+        out = subprocess.run(["git", "-C", str(root), "remote", "get-url", "origin"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return _https(out.stdout) if out.returncode == 0 and out.stdout.strip() else None
+
+
+def set_repository(app, config) -> None:
+    """config-inited: the repository button on every page, and `{{ repository }}`."""
+    url = repository_url(Path(app.srcdir))
+    options = config.html_theme_options
+    if url:
+        options.update(repository_url=url, use_repository_button=True)
+    else:  # not jupyter-book's own address, which its defaults put there
+        options.pop("repository_url", None)
+        options["use_repository_button"] = False
+    config.myst_substitutions = {**config.myst_substitutions,
+                                 "repository": url or NO_REPOSITORY}
+
+
+def add_stylesheet(app, config) -> None:
+    """config-inited: static/gpuinfer.css on every page."""
+    config.html_static_path = [*config.html_static_path, str(STATIC)]
+    app.add_css_file("gpuinfer.css")
+
+
+class RepositoryCommands(SphinxDirective):
+    """The commands that get the book's package and run one chapter on a reader's GPU."""
+
+    def run(self):
+        url = repository_url(Path(self.env.srcdir)) or "<the book's repository>"
+        text = (f"git clone {url} gpu-book && cd gpu-book\n"
+                "pip install -r requirements.txt      # gpuinfer, Jupyter, jupytext; "
+                "a CUDA build of torch\n"
+                "python -m gpuinfer.publish.record 05_triton_decode   # one chapter, "
+                "recorded\n"
+                "# or as a notebook, to run cell by cell in your own Jupyter:\n"
+                "jupytext --to ipynb book/05_triton_decode.md")
+        block = nodes.literal_block(text, text)
+        block["language"] = "bash"
+        return [block]
 
 
 # --- the download menu -------------------------------------------------------------------
@@ -180,6 +254,9 @@ def default_color_mode(app, config) -> None:
 
 def setup(app):
     app.add_directive("gpu-spec-table", GPUSpecTable)
+    app.add_directive("repository-commands", RepositoryCommands)
+    app.connect("config-inited", set_repository)
+    app.connect("config-inited", add_stylesheet)
     app.connect("config-inited", default_color_mode)
     app.connect("doctree-read", add_alt_text)
     app.connect("html-page-context", add_download_buttons, priority=600)

@@ -39,6 +39,7 @@ class Result:
     x_v0_range: tuple[float, float] | None = None  # lowest and highest per-round speed-up
     x_generate_static_range: tuple[float, float] | None = None
     prefill_ms: float | None = None  # the prompt's prefill, timed apart, where measured
+    stock: bool = False  # the library's own code (generate()), not one of the book's loops
 
     @property
     def tokens_per_s(self) -> float:

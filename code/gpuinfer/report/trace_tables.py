@@ -112,3 +112,60 @@ def kernel_table_markdown(rows: list[KernelRow], n: int = 8) -> str:
         lines.append(f"| {len(rest)} other kernels | | | {calls:.0f} | {us:.1f} "
                      f"| {100 * us / total:.0f} % |")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The GPU time of a decode step, each microsecond counted once, per step (µs).
+
+    Under programmatic dependent launch a kernel starts before the one ahead of it has
+    ended, so the kernels' durations add up to more than the step. Here every instant
+    from the step's first kernel start to its last kernel end goes to one owner: the
+    earliest-started of the step's kernels still running then (the one the others wait
+    on), by its kind (`kind_of`), or to `idle_us` when none runs. So the parts sum to the
+    span: `sum(by_kind.values()) + idle_us == span_us`.
+    """
+
+    by_kind: dict[str, float]  # each of `KINDS`, in that order
+    idle_us: float  # no kernel of the step running
+    span_us: float  # first kernel start to last kernel end
+    overlap_us: float  # of the span, time when two or more of the step's kernels ran
+
+    def share(self, kind: str) -> float:
+        """The fraction of the span that `kind` owns (NaN for an empty timeline)."""
+        return self.by_kind[kind] / self.span_us if self.span_us else float("nan")
+
+
+def _timeline_of(work: list) -> tuple[dict[str, float], float, float, float]:
+    """(owned µs by kind, idle, span, overlap) of one step's GPU work."""
+    owned = {kind: 0.0 for kind in KINDS}
+    if not work:
+        return owned, 0.0, 0.0, 0.0
+    work = sorted(work, key=lambda e: (e.ts, -e.dur))  # earliest start first
+    cuts = sorted({t for e in work for t in (e.ts, e.end)})
+    idle = overlap = 0.0
+    for a, b in zip(cuts, cuts[1:]):
+        running = [e for e in work if e.ts <= a and e.end >= b]
+        if not running:
+            idle += b - a
+            continue
+        owned[kind_of(running[0].name)] += b - a
+        if len(running) > 1:
+            overlap += b - a
+    return owned, idle, cuts[-1] - cuts[0], overlap
+
+
+def step_timeline(trace: dict, step_name: str = STEP) -> Timeline:
+    """The decode steps' GPU work on a non-overlapping timeline (`Timeline`), averaged
+    over the steps of the trace. Each step is its own timeline: the work it launched
+    (kernels and copies, through a CUDA graph or not)."""
+    w = step_work(trace, step_name)
+    ranges = Ranges(w.steps)
+    per_step: dict[float, list] = {s.ts: [] for s in w.steps}
+    for e in w.gpu:
+        per_step[ranges.holding(w.launched_by[e.correlation]).ts].append(e)
+    parts = [_timeline_of(work) for work in per_step.values()]
+    k = len(parts)
+    by_kind = {kind: sum(p[0][kind] for p in parts) / k for kind in KINDS}
+    return Timeline(by_kind, sum(p[1] for p in parts) / k, sum(p[2] for p in parts) / k,
+                    sum(p[3] for p in parts) / k)
