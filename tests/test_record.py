@@ -507,3 +507,15 @@ def test_recording_on_the_gpu_is_fresh_with_its_provenance(tmp_path):
     assert meta["driver"] and meta["cuda"] == torch.version.cuda
     print(f"recorded the fixture on {meta['gpu']} (driver {meta['driver']}, CUDA "
           f"{meta['cuda']}, torch {meta['torch']}) in {meta['seconds']} s")
+
+
+def test_a_dead_kernels_log_keeps_its_python_stack():
+    from gpuinfer.publish.record import dying_words
+
+    log = ("start-up warning\n" * 500 + "Fatal Python error: Aborted\n\nThread 0x1 "
+           "(most recent call first):\n  File \"cell\", line 9 in <module>\n\n"
+           "Extension modules: numpy, " + "scipy.x, " * 2000 + "(total: 181)\n")
+    said = dying_words(log)
+    assert said.startswith("Fatal Python error: Aborted") and 'line 9 in <module>' in said
+    assert "Extension modules" not in said and "start-up" not in said
+    assert dying_words("no fatal error\n" * 1000) == ("no fatal error\n" * 1000)[-4000:]

@@ -127,7 +127,7 @@ def execute(chapter: str, nb, cwd: Path, artifacts: Path, connection_file: Path)
             raise KeyboardInterrupt from None
         if not isinstance(exc, CellExecutionError):  # the kernel died: say what it said
             kernel_log.seek(0)
-            log(f"[{chapter}] the kernel's log:\n{kernel_log.read()[-4000:]}")
+            log(f"[{chapter}] the kernel's log:\n{dying_words(kernel_log.read())}")
         raise
     finally:
         kernel_log.close()
@@ -135,6 +135,17 @@ def execute(chapter: str, nb, cwd: Path, artifacts: Path, connection_file: Path)
             os.environ.pop("GPUINFER_ARTIFACTS")
         else:
             os.environ["GPUINFER_ARTIFACTS"] = old
+
+
+def dying_words(text: str, most: int = 20_000) -> str:
+    """What a dead kernel's log says about its death: from Python's "Fatal Python error"
+    (faulthandler's stack of every thread, where a chapter enabled it) on, without the
+    list of every loaded extension module that ends it; else the log's last 4,000
+    characters."""
+    fatal = text.find("Fatal Python error")
+    if fatal < 0:
+        return text[-4000:]
+    return re.sub(r"\nExtension modules:[^\n]*", "", text[fatal:])[:most]
 
 
 def strip(nb) -> None:
