@@ -154,7 +154,7 @@ class RepositoryCommands(SphinxDirective):
     """The commands that get the book's package and run one chapter on a reader's GPU."""
 
     def run(self):
-        url = repository_url(Path(self.env.srcdir)) or "<the book's repository>"
+        url = repository_url(Path(self.env.srcdir)) or "<the-book-repository-address>"
         text = (f"git clone {url} gpu-book && cd gpu-book\n"
                 "pip install -r requirements.txt      # gpuinfer, Jupyter, jupytext; "
                 "a CUDA build of torch\n"
