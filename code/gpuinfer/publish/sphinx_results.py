@@ -33,8 +33,7 @@ from gpuinfer.report import results
 
 logger = logging.getLogger(__name__)
 HEADER = ["variant", "decode ms / token", "tokens / s", "prefill ms", "GB/s",
-          "of the floor (copy rate)", "of the floor (datasheet)", "× V0",
-          "× generate(static)"]
+          "MBU, copy rate", "MBU, datasheet", "× V0", "× generate (static)"]
 
 
 def chapter_results(recording: Path) -> list[results.Result]:
