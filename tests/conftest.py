@@ -83,3 +83,19 @@ def book_build(tmp_path_factory) -> Build:
 def built_book(book_build) -> Path:
     """The html folder of the session's build of the book."""
     return book_build.html
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> Path:
+    """A small Llama (the 1B structure shrunk: grouped-query heads 4/2, tied embeddings),
+    trained a few steps on a repeating sequence, saved with save_pretrained: a checkpoint
+    folder whose greedy text is not one token repeated, as a random model's may be."""
+    from gpuinfer.model.configs import build_model, model_config
+    from gpuinfer.model.train import train
+
+    model = build_model(model_config("reduced"), seed=0)
+    tokens = torch.arange(64).repeat(40) % model.config.vocab_size
+    train(model, tokens, steps=20, batch=4, seq_len=32, lr=3e-3, warmup=2)
+    folder = tmp_path_factory.mktemp("checkpoint")
+    model.eval().save_pretrained(folder)
+    return folder

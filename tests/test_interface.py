@@ -19,23 +19,10 @@ from gpuinfer.decode.loops import decode_naive  # noqa: E402
 from gpuinfer.decode.speculative import Speculative  # noqa: E402
 from gpuinfer.decode.static import StaticDecoder  # noqa: E402
 from gpuinfer.decode.triton_step import TritonDecoder  # noqa: E402
-from gpuinfer.model.configs import build_model, load_llama, model_config  # noqa: E402
-from gpuinfer.model.train import train  # noqa: E402
+from gpuinfer.model.configs import load_llama, model_config  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NEW = 12
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A small Llama (the 1B structure shrunk: grouped-query heads 4/2, tied embeddings),
-    trained a few steps on a repeating sequence, saved with save_pretrained."""
-    model = build_model(model_config("reduced"), seed=0)
-    tokens = torch.arange(64).repeat(40) % model.config.vocab_size
-    train(model, tokens, steps=20, batch=4, seq_len=32, lr=3e-3, warmup=2)
-    folder = tmp_path_factory.mktemp("checkpoint")
-    model.eval().save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -159,3 +159,12 @@ def test_results_rows_against_both_denominators_and_the_fastest_of_ours():
     assert cells(ours, None)[5] == "–"  # a GPU without a datasheet row
     assert fastest([ours, stock, spec]) == [spec]  # the fastest of the book's own loops
     assert fastest([stock]) == []
+
+
+@pytest.mark.slow
+def test_the_reproduce_page_clones_an_address(built_book):
+    """The commands name the repository, or a placeholder where the build knows none:
+    never `git clone  gpu-book` with nothing between."""
+    text = html.unescape(text_of((built_book / "book" / "reproduce.html").read_text()))
+    address = re.search(r"git clone (\S+) gpu-book", text)
+    assert address and address.group(1) != "gpu-book", text[:300]

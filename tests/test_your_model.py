@@ -4,11 +4,6 @@ folder, on the CPU; and every name its GPU sketch imports exists."""
 import re
 from pathlib import Path
 
-import torch
-
-from gpuinfer.model.configs import build_model, model_config
-from gpuinfer.model.train import train
-
 PAGE = Path(__file__).resolve().parent.parent / "book" / "your_model.md"
 
 
@@ -16,14 +11,10 @@ def code_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", PAGE.read_text(encoding="utf8"), re.S)
 
 
-def test_the_pages_check_runs_on_a_checkpoint(tmp_path, capsys):
-    model = build_model(model_config("reduced"), seed=0)
-    tokens = torch.arange(64).repeat(40) % model.config.vocab_size
-    train(model, tokens, steps=15, batch=4, seq_len=32, lr=3e-3, warmup=2)
-    model.eval().save_pretrained(tmp_path)
+def test_the_pages_check_runs_on_a_checkpoint(checkpoint, capsys):
     check = code_blocks()[0]
     assert 'CHECKPOINT = "path/to/llama"' in check
-    exec(check.replace("path/to/llama", str(tmp_path)), {})  # its assert: FP32 exact
+    exec(check.replace("path/to/llama", str(checkpoint)), {})  # its assert: FP32 exact
     assert re.search(r"BF16: top-1 agreement \d+\.\d% over 32 steps", capsys.readouterr().out)
 
 

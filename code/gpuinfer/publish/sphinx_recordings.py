@@ -266,10 +266,10 @@ class RecordedRuntimes(SphinxDirective):
             meta = status.provenance
             # (a smoke recording is "fresh" only in test builds that accept it: say so)
             shown = "cpu" if status.state == "fresh" and meta.get("smoke") else status.state
-            seconds = meta.get("seconds") if shown in ("fresh", "stale") else None
+            ran = meta if shown in ("fresh", "stale") else {}  # a GPU run's figures only
+            seconds, memory = ran.get("seconds"), ran.get("peak_gpu_memory_gib")
             if isinstance(seconds, (int, float)):
                 total, timed = total + seconds, timed + 1
-            memory = meta.get("peak_gpu_memory_gib") if shown in ("fresh", "stale") else None
             rows.append([link, STATE_TEXT[shown], meta.get("gpu") or "–",
                          meta.get("date") or "–",
                          f"{seconds:.0f}" if isinstance(seconds, (int, float)) else "–",

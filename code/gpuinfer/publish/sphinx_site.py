@@ -154,7 +154,10 @@ class RepositoryCommands(SphinxDirective):
     """The commands that get the book's package and run one chapter on a reader's GPU."""
 
     def run(self):
-        url = repository_url(Path(self.env.srcdir)) or "<the-book-repository-address>"
+        # set_repository found it (or not) when the build started: no second git call
+        # (the theme's own default for it is "")
+        url = (self.config.html_theme_options.get("repository_url")
+               or "<the-book-repository-address>")
         text = (f"git clone {url} gpu-book && cd gpu-book\n"
                 "pip install -r requirements.txt      # gpuinfer, Jupyter, jupytext; "
                 "a CUDA build of torch\n"
