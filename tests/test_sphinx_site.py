@@ -127,6 +127,13 @@ def test_the_repository_address_from_the_workflow_or_the_checkout(monkeypatch, t
     subprocess.run(["git", "-C", str(tmp_path), "remote", "add", "origin",
                     "https://github.com/someone/gpu-book.git"], check=True)
     assert sphinx_site.repository_url(tmp_path) == "https://github.com/someone/gpu-book"
+    # a clone of a local folder: its origin is a path, which no page can link to
+    subprocess.run(["git", "-C", str(tmp_path), "remote", "set-url", "origin",
+                    "/work/gpu-book"], check=True)
+    assert sphinx_site.repository_url(tmp_path) is None
+    monkeypatch.setenv("GPUINFER_REPOSITORY", "/work/gpu-book")  # set, but wrong: say so
+    with pytest.raises(ValueError, match="GPUINFER_REPOSITORY.*https://host/owner/name"):
+        sphinx_site.repository_url(tmp_path)
 
 
 def test_the_repository_button_and_substitution(monkeypatch, tmp_path):

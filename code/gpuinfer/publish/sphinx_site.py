@@ -115,11 +115,22 @@ def _https(remote: str) -> str:
     return remote.removesuffix(".git").removesuffix("/")
 
 
+# What the theme's repository button can link: https://host/owner/name and no more
+HOSTED = re.compile(r"https?://[^/\s]+/[^/\s]+/[^/\s]+")
+
+
 def repository_url(root: Path) -> str | None:
     """The book's repository, from the publishing workflow's environment, else from the
-    checkout's `origin` remote; None when neither knows it."""
+    checkout's `origin` remote; None when neither knows a hosted one (a clone of a local
+    folder has a path for its origin, which no page can link to)."""
     if os.environ.get("GPUINFER_REPOSITORY"):
-        return _https(os.environ["GPUINFER_REPOSITORY"])
+        url = _https(os.environ["GPUINFER_REPOSITORY"])
+        if not HOSTED.fullmatch(url):
+            raise ValueError(f"GPUINFER_REPOSITORY={os.environ['GPUINFER_REPOSITORY']!r} "
+                             "is not a hosted repository's address: set it to "
+                             "https://host/owner/name (or git@host:owner/name.git), or "
+                             "unset it to build without a repository button")
+        return url
     if os.environ.get("GITHUB_REPOSITORY"):  # any GitHub Actions run knows its repository
         server = os.environ.get("GITHUB_SERVER_URL", "https://github.com")
         return f"{server}/{os.environ['GITHUB_REPOSITORY']}"
@@ -128,7 +139,8 @@ def repository_url(root: Path) -> str | None:
                              capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return _https(out.stdout) if out.returncode == 0 and out.stdout.strip() else None
+    url = _https(out.stdout) if out.returncode == 0 else ""
+    return url if HOSTED.fullmatch(url) else None
 
 
 def set_repository(app, config) -> None:
