@@ -411,6 +411,31 @@ def test_int8_qkv_rope(heads, kv, d, k, capacity, config):
     assert rel_err(k_cache[:, 3], ref_k) <= 1e-2 and rel_err(v_cache[:, 3], ref_v) <= 1e-2
 
 
+def every_int8_value(n, k):
+    """An Int8Matrix whose rows hold every int8 value, -128 included (quantize_int8
+    never makes it; the widening must still be exact), scales of both signs."""
+    q = (torch.arange(n * k, device=DEVICE) % 256 - 128).to(torch.int8).view(n, k)
+    scale = randn(n, dtype=torch.bfloat16, scale=0.01, seed=n)
+    return quant.Int8Matrix(q, scale)
+
+
+@pytest.mark.parametrize("n,k,config", [(64, 256, GemvConfig(8, 256)),
+                                        (33, 512, GemvConfig(4, 128, num_warps=8))])
+def test_int8_widening_through_the_bits_is_exact(n, k, config):
+    """widen's two ways, through the float bits and by conversion instructions, give
+    the same sums to the bit, every byte value included."""
+    w, x = every_int8_value(n, k), randn(k, dtype=torch.bfloat16)
+    bits, convert = (gemv(w, x, poisoned(n, dtype=torch.bfloat16), config=config,
+                          pdl=PDL, int8_widen=way) for way in ("bits", "convert"))
+    assert torch.equal(bits, convert)
+    assert rel_err(bits, gemv_reference(w, x)) <= 1e-2
+
+
+def test_int8_widen_must_be_named():
+    with pytest.raises(ValueError, match="int8_widen='fast': one of"):
+        gemv(int8(8, 16, seed=1), randn(16, dtype=torch.bfloat16), int8_widen="fast")
+
+
 def test_int8_lm_head_argmax():
     w, x = int8(777, 48, seed=10), randn(48, dtype=torch.bfloat16)
     tokens = torch.zeros(4, device=DEVICE, dtype=torch.long)

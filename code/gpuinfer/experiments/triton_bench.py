@@ -165,7 +165,8 @@ def row_tiling(configs: dict[str, GemvConfig], name: str) -> GemvConfig:
 
 
 def gemv_chain(decoder, impl: str, *, pdl: bool = False,
-               configs: dict[str, GemvConfig] | None = None) -> Callable[[], None]:
+               configs: dict[str, GemvConfig] | None = None,
+               int8_widen: str = "bits") -> Callable[[], None]:
     """All the matrix-vector products of one decode step of `decoder` (every layer's
     q/k/v, o, gate/up and down, and the lm_head, on its own weights), back to back: a
     call runs them once, on a GPU as one replay of the CUDA graph they were captured
@@ -173,7 +174,8 @@ def gemv_chain(decoder, impl: str, *, pdl: bool = False,
     decoder's own), "cuBLAS" or "Inductor" (int8 weights: gpt-fast's weight-only
     linear). Each product reads a fixed input vector of its width: the chain measures
     the streaming of the weights and the hand-over between kernels, not the step's
-    arithmetic. Time the variants together (`timing.interleaved_rounds`)."""
+    arithmetic. `int8_widen`: how ours widens int8 weights (`gemv.widen`). Time the
+    variants together (`timing.interleaved_rounds`)."""
     mats = [(name, getattr(layer, name)) for layer in decoder.layers
             for name in ("qkv", "o", "gate_up", "down")]
     mats.append(("lm_head", decoder.lm_head))
@@ -190,7 +192,7 @@ def gemv_chain(decoder, impl: str, *, pdl: bool = False,
         def chain():
             for name, w in mats:
                 gemv(w, xs[w.shape[1]], outs[w.shape[0]], config=tiles[name], pdl=pdl,
-                     workspace=ws)
+                     workspace=ws, int8_widen=int8_widen)
     elif impl == "cuBLAS":
         if decoder.quantized:
             raise ValueError("cuBLAS has no int8 x BF16 product: time impl='ours' or "

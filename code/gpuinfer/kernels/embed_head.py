@@ -62,7 +62,7 @@ def lm_head_argmax_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, logits_ptr, best_pt
                        SCALED, BLOCK_K)
     pdl_wait(PDL)
     acc = rows_dot(w, g, s, w_ptr, stride_w, rows, rows < N, x_ptr, K, 0, K, norm_ptr,
-                   eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES)
+                   eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, True)
     dt = logits_ptr.dtype.element_ty
     y = round_to(acc, dt)
     tl.store(logits_ptr + rows, y.to(dt), mask=rows < N)

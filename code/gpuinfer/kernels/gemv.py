@@ -17,7 +17,8 @@ columns; what matters is how many programs stream at once and how soon each star
   2048 elements from L2), a residual add in the epilogue, and SiLU(gate) * up for the
   stacked gate/up matrix, whose paired rows each program computes together.
 - Weights may be int8 with a scale per row (`gpuinfer.kernels.quant`): the tile is
-  loaded as int8, widened in registers, and each row's sum multiplied by its scale.
+  loaded as int8, widened in registers (`widen`, without a conversion instruction),
+  and each row's sum multiplied by its scale.
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ import triton
 import triton.language as tl
 
 from gpuinfer.model.llama import rms_norm
-from gpuinfer.kernels.common import (Workspace, check_pow2, launch_options, pdl_wait,
-                                     round_to, split_k_sum)
+from gpuinfer.kernels.common import (INTERPRETED, Workspace, check_pow2, launch_options,
+                                     pdl_wait, round_to, split_k_sum)
 from gpuinfer.kernels.quant import Int8Matrix, matvec_fp32, unpack
+
+INTERPRET = tl.constexpr(INTERPRETED)  # read inside kernels: a compile-time constant
+INT8_WIDEN = ("bits", "convert")  # how `gemv` widens int8 weights (`widen`)
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,34 @@ def normed(x, g, rstd, dt):
 
 
 @triton.jit
+def widen(w, BITS: tl.constexpr):
+    """A weight tile in FP32. An int8 tile goes through its float bits, not through
+    a conversion instruction: on the H100/H200 an int-to-float conversion issues at a
+    quarter of the rate of a float add (16 a cycle per multiprocessor), so converting
+    a step's 1.2 G int8 weights one instruction each takes longer than reading them.
+    Flipped to an offset byte u = q + 128 and placed in the mantissa of 2^23 (the bits
+    0x4B0000uu), it is the float 2^23 + u, exactly; one subtraction leaves q. Compiled,
+    four bytes at a time: one XOR flips them, a byte permute (PRMT) places each.
+    BITS=False: the conversion instruction (I2F), to measure what it costs."""
+    if w.dtype.is_int8() and BITS:
+        if INTERPRET:  # the same arithmetic in plain operations
+            u = w.to(tl.uint8, bitcast=True).to(tl.uint32) ^ 0x80
+            f = (u | 0x4B000000).to(tl.float32, bitcast=True)
+        else:
+            f = tl.inline_asm_elementwise(
+                """{
+                .reg .b32 t;
+                xor.b32 t, $4, 0x80808080;
+                prmt.b32 $0, t, 0x4B000000, 0x7650;
+                prmt.b32 $1, t, 0x4B000000, 0x7651;
+                prmt.b32 $2, t, 0x4B000000, 0x7652;
+                prmt.b32 $3, t, 0x4B000000, 0x7653;
+                }""", "=r,=r,=r,=r,r", [w], dtype=tl.float32, is_pure=True, pack=4)
+        return f - 8388736.0  # 2^23 + 128
+    return w.to(tl.float32)
+
+
+@triton.jit
 def prefetch(w_ptr, stride_w, rows, row_mask, k_lo, k_hi, norm_ptr, scale_ptr,
              NORM: tl.constexpr, SCALED: tl.constexpr, BLOCK_K: tl.constexpr):
     """The first weight tile W[rows, k_lo:k_lo + BLOCK_K], its RMSNorm weights and the
@@ -110,11 +142,11 @@ def prefetch(w_ptr, stride_w, rows, row_mask, k_lo, k_hi, norm_ptr, scale_ptr,
 @triton.jit
 def rows_dot(w, g, s, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, norm_ptr,
              eps, NORM: tl.constexpr, SCALED: tl.constexpr, K_NORM: tl.constexpr,
-             BLOCK_K: tl.constexpr, N_TILES: tl.constexpr):
+             BLOCK_K: tl.constexpr, N_TILES: tl.constexpr, BITS: tl.constexpr):
     """sum over k in [k_lo, k_hi) of W[rows, k] * xn[k] in FP32 (xn: x or RMSNorm(x)),
     times the row's scale s if SCALED, given the prefetched first tile (w, g, s); the
     rest in N_TILES - 1 more tiles (a constant trip count: the interpreter cannot loop
-    over tensor bounds)."""
+    over tensor bounds). BITS: how int8 weights are widened (`widen`)."""
     dt = x_ptr.dtype.element_ty
     cols = k_lo + tl.arange(0, BLOCK_K)
     if NORM and N_TILES == 1 and BLOCK_K == K_NORM:
@@ -130,7 +162,7 @@ def rows_dot(w, g, s, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, nor
         if NORM:
             xn = normed(xn, g, rstd, dt)
     # A 2-D accumulator, reduced once at the end: no cross-thread reduction per tile.
-    acc = w.to(tl.float32) * xn[None, :]
+    acc = widen(w, BITS) * xn[None, :]
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
     for t in range(1, N_TILES):
         cols = k_lo + t * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -141,7 +173,7 @@ def rows_dot(w, g, s, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, nor
         if NORM:
             g = tl.load(norm_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             xn = normed(xn, g, rstd, dt)
-        acc += w.to(tl.float32) * xn[None, :]
+        acc += widen(w, BITS) * xn[None, :]
     if SCALED:  # the scale is the row's, the same for every column: once, at the end
         return tl.sum(acc, axis=1) * s
     return tl.sum(acc, axis=1)
@@ -153,7 +185,7 @@ def gemv_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, res_ptr, norm_ptr, ws_ptr, cnt
                 NORM: tl.constexpr, SCALED: tl.constexpr, RESIDUAL: tl.constexpr,
                 K_NORM: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_TILES: tl.constexpr,
-                SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+                SPLIT_K: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr):
     """out = [res +] W @ [RMSNorm](x). out may be res itself: each program reads and
     writes only its own rows of it."""
     block = tl.program_id(0)
@@ -169,7 +201,7 @@ def gemv_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, res_ptr, norm_ptr, ws_ptr, cnt
     if RESIDUAL:  # now, in the shadow of the weights, not after the sum
         res = tl.load(res_ptr + rows, mask=valid).to(tl.float32)
     acc = rows_dot(w, g, s, w_ptr, stride_w, rows, valid, x_ptr, K, k_lo, k_hi,
-                   norm_ptr, eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES)
+                   norm_ptr, eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, BITS)
     acc, last = split_k_sum(acc, ws_ptr, cnt_ptr, block, pid_k, SPLIT_K, BLOCK_N)
     if last:
         dt = out_ptr.dtype.element_ty
@@ -199,7 +231,7 @@ def gemv_silu_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, norm_ptr, ws_ptr, cnt_ptr
                        NORM, SCALED, BLOCK_K)
     pdl_wait(PDL)
     acc = rows_dot(w, g, s, w_ptr, stride_w, rows, j < N, x_ptr, K, k_lo, k_hi,
-                   norm_ptr, eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES)
+                   norm_ptr, eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, True)
     acc, last = split_k_sum(acc, ws_ptr, cnt_ptr, block, pid_k, SPLIT_K, 2 * BLOCK_N)
     if last:
         dt = out_ptr.dtype.element_ty
@@ -224,10 +256,14 @@ def workspace_for(config: GemvConfig, n_out: int, k: int, rows_per_out: int,
 def gemv(w: torch.Tensor | Int8Matrix, x: torch.Tensor, out: torch.Tensor | None = None,
          *, norm: torch.Tensor | None = None, eps: float = 1e-5,
          residual: torch.Tensor | None = None, config: GemvConfig = GemvConfig(),
-         pdl: bool = False, workspace: Workspace | None = None) -> torch.Tensor:
+         pdl: bool = False, workspace: Workspace | None = None,
+         int8_widen: str = "bits") -> torch.Tensor:
     """W (N, K) @ x (K,) -> (N,), with the RMSNorm prologue (`norm`, its weight) and
     the residual add (`residual`, may be `out` itself) when given. W: in x's dtype, or
-    an Int8Matrix."""
+    an Int8Matrix, widened to FP32 through its float bits ("bits") or by conversion
+    instructions ("convert"), the same numbers either way (`widen`)."""
+    if int8_widen not in INT8_WIDEN:
+        raise ValueError(f"int8_widen={int8_widen!r}: one of {INT8_WIDEN}")
     w, scale = unpack(w)
     n, k = w.shape
     out = torch.empty(n, device=w.device, dtype=x.dtype) if out is None else out
@@ -239,6 +275,7 @@ def gemv(w: torch.Tensor | Int8Matrix, x: torch.Tensor, out: torch.Tensor | None
         NORM=norm is not None, SCALED=scale is not None, RESIDUAL=residual is not None,
         K_NORM=triton.next_power_of_2(k), BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, N_TILES=config.tiles(k), SPLIT_K=grid[1], PDL=pdl,
+        BITS=int8_widen == "bits",
         **launch_options(config.num_warps, config.num_stages, pdl))
     return out
 

@@ -59,7 +59,7 @@ def qkv_rope_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, q_ptr, k_cache_ptr, v_cac
     sin_lo = tl.load(sin_ptr + table).to(tl.float32)
     sin_hi = tl.load(sin_ptr + table + HALF).to(tl.float32)
     acc = rows_dot(w, g, s, w_ptr, stride_w, rows, p < N_PAIRS, x_ptr, K, k_lo, k_hi,
-                   norm_ptr, eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES)
+                   norm_ptr, eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, True)
     acc, last = split_k_sum(acc, ws_ptr, cnt_ptr, block, pid_k, SPLIT_K, 2 * BLOCK_N)
     if last:
         dt = q_ptr.dtype.element_ty

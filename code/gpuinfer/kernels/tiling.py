@@ -35,18 +35,20 @@ def alone_configs(gpu: bool) -> dict[str, GemvConfig]:
 
 def default_configs(gpu: bool, weights: str = "bf16") -> dict[str, GemvConfig]:
     """The products' tiling inside the decode step, for BF16 or int8 weights: programs
-    of 4 warps, and narrow tiles for gate/up (512 columns of BF16, 256 of int8: the
-    first is loaded before the PDL wait, the others after), which the sweeps kept
-    narrowing while the step got faster. With int8 weights o and down keep 8 warps,
-    and twice the rows go into a program of gate/up and of the lm_head."""
+    of 4 warps, and narrow tiles for gate/up (512 columns: the first is loaded before
+    the PDL wait, the others after), which the sweeps kept
+    narrowing while the step got faster. With int8 weights (swept again once they were
+    widened through their bits, 2026-12-02): the q/k/v rows in one tile of all 2048
+    columns, o and down with 8 warps, twice the rows in a program of gate/up and of the
+    lm_head."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r}: one of {WEIGHTS}")
     if not gpu:
         return alone_configs(gpu)
     if weights == "int8":
-        return {"qkv": GemvConfig(4, 1024, 1, 4), "o": GemvConfig(8, 2048, 1, 8),
-                "gate_up": GemvConfig(16, 256, 1, 4), "down": GemvConfig(8, 2048, 1, 8),
-                "lm_head": GemvConfig(16, 512, 1, 4)}
+        return {"qkv": GemvConfig(4, 2048, 1, 4), "o": GemvConfig(8, 2048, 1, 8),
+                "gate_up": GemvConfig(8, 512, 1, 4), "down": GemvConfig(8, 2048, 1, 8),
+                "lm_head": GemvConfig(16, 1024, 1, 4)}
     return {"qkv": GemvConfig(4, 1024, 1, 4), "o": GemvConfig(8, 2048, 1, 4),
             "gate_up": GemvConfig(4, 512, 1, 4), "down": GemvConfig(8, 2048, 1, 4),
             "lm_head": GemvConfig(8, 2048, 1, 4)}
