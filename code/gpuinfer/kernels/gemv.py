@@ -94,13 +94,13 @@ def normed(x, g, rstd, dt):
 @triton.jit
 def widen(w, BITS: tl.constexpr):
     """A weight tile in FP32. An int8 tile goes through its float bits, not through
-    a conversion instruction: on the H100/H200 an int-to-float conversion issues at a
-    quarter of the rate of a float add (16 a cycle per multiprocessor), so converting
-    a step's 1.2 G int8 weights one instruction each takes longer than reading them.
-    Flipped to an offset byte u = q + 128 and placed in the mantissa of 2^23 (the bits
-    0x4B0000uu), it is the float 2^23 + u, exactly; one subtraction leaves q. Compiled,
-    four bytes at a time: one XOR flips them, a byte permute (PRMT) places each.
-    BITS=False: the conversion instruction (I2F), to measure what it costs."""
+    conversion instructions: on the H100/H200 an int-to-float conversion issues at an
+    eighth of the rate of a float multiply-add (16 a cycle per multiprocessor), and
+    converting a step's 1.2 G int8 weights one instruction each takes as long as
+    reading them. Flipped to an offset byte u = q + 128 and placed in the mantissa of
+    2^23 (the bits 0x4B0000uu), a weight is the float 2^23 + u, exactly; a subtraction
+    leaves q. Compiled, four bytes at a time: one XOR flips them, a byte permute
+    (PRMT) places each. BITS=False: the conversion instruction, to measure its cost."""
     if w.dtype.is_int8() and BITS:
         if INTERPRET:  # the same arithmetic in plain operations
             u = w.to(tl.uint8, bitcast=True).to(tl.uint32) ^ 0x80
