@@ -366,8 +366,5 @@ def step_sweep(config: LlamaConfig, sizes: list[int], *, prompt_len: int, steps:
         calls_by_key.setdefault(key, None)  # on ranks outside the group: never called
     timed = _timed_rounds({key: calls_by_key[key] for key in keys}, members, rounds,
                           per_call, before)
-    bytes_by_n = [torch.tensor([matrix_bytes.get(n, 0)], device=_device()) for n in sizes]
-    for b in bytes_by_n:  # rank 0 is in every group, but say it from the data
-        dist.all_reduce(b, op=dist.ReduceOp.MAX)
-    return StepSweep(tuple(sizes), config.num_hidden_layers,
-                     {n: int(b) for n, b in zip(sizes, bytes_by_n)}, timed)
+    # Complete on rank 0, the one whose result `launch` returns: it is in every group.
+    return StepSweep(tuple(sizes), config.num_hidden_layers, matrix_bytes, timed)
