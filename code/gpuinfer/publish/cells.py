@@ -1,0 +1,363 @@
+"""A chapter's two kinds of code cells, and what passes between them.
+
+*Measurement* cells run on the GPU when the chapter is recorded: their outputs, and the
+values that presentation cells read from them, are the recording. *Presentation* cells
+(tag `presentation`) turn those values into figures, tables and glued numbers; they do not
+run when a chapter is recorded, and run at every build, on the CPU, from the recorded
+values (gpuinfer.publish.present). So editing a presentation cell never stales a
+recording, and what it may do is limited:
+
+- it reads the names that earlier cells bound, as any notebook cell does. A name it reads
+  whose last binding before it is in a measurement cell is *kept*: the recorder saves its
+  value right after the last measurement cell before the presentation cell
+  (gpuinfer.publish.kept), and the build restores it there;
+- it cannot touch the GPU or time anything: it may not use `torch.cuda`, `.cuda()`, the
+  profiler, the clocks of `time` and `timeit`, Triton, or the package's measuring, decoding
+  and kernel modules (`DENIED`), nor call a name a measurement cell imported from them;
+- a measurement cell cannot read a name that only a presentation cell binds: what is
+  measured never depends on how it is shown.
+
+The analysis is static (Python's parse tree, the same on every Python the book runs on):
+for each cell, the names it reads before binding them itself, in nested functions,
+lambdas and comprehensions too, and the names it binds at its top level.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+from dataclasses import dataclass, field
+
+PRESENTATION = "presentation"  # the cell tag
+# Names a Jupyter kernel provides besides Python's builtins.
+KERNEL_NAMES = frozenset({"display", "get_ipython", "In", "Out", "exit", "quit"})
+# What a presentation cell may not import, or call through a name imported from it.
+DENIED = ("time", "timeit", "torch.cuda", "torch.profiler", "torch.utils.benchmark",
+          "triton", "gpuinfer.env", "gpuinfer.measure.timing", "gpuinfer.measure.steps",
+          "gpuinfer.measure.profiling", "gpuinfer.measure.launch",
+          "gpuinfer.measure.ceilings", "gpuinfer.measure.stock", "gpuinfer.measure.quality",
+          "gpuinfer.decode", "gpuinfer.kernels", "gpuinfer.experiments",
+          "gpuinfer.model.train", "gpuinfer.model.corpus")
+
+
+def denied(module: str) -> bool:
+    """Whether a presentation cell may not use `module` (or any name imported from it)."""
+    return any(module == d or module.startswith(d + ".") for d in DENIED)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A code cell as the analysis sees it. `number` counts the chapter's code cells from
+    1, as the record command's progress and the build's messages show them."""
+
+    number: int
+    source: str
+    presentation: bool
+    reads: tuple[str, ...]  # names read before the cell binds them, in first-read order
+    binds: frozenset[str]  # names bound at the cell's top level
+    imports: dict[str, str] = field(default_factory=dict)  # name -> module it came from
+
+    @property
+    def kind(self) -> str:
+        return "presentation" if self.presentation else "measurement"
+
+    def __str__(self) -> str:
+        return f"{self.kind} cell {self.number}"
+
+
+def parse(source: str) -> ast.Module:
+    """A cell's parse tree; IPython syntax (%magic, !shell) is translated to Python first.
+    SyntaxError if it is not Python either."""
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        return ast.parse(TransformerManager().transform_cell(source))
+
+
+def is_presentation(cell) -> bool:
+    return PRESENTATION in cell.get("metadata", {}).get("tags", [])
+
+
+# --- names read and bound ------------------------------------------------------------------
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp,
+           ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _bound_in(nodes) -> set[str]:
+    """Names bound directly in a body (not in the scopes nested in it)."""
+    names: set[str] = set()
+    todo = list(nodes)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            todo += node.decorator_list  # evaluated here, not in the nested scope
+            if not isinstance(node, ast.ClassDef):
+                todo += node.args.defaults + [d for d in node.args.kw_defaults if d]
+            continue
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            names.add(node.name)
+        if isinstance(node, _SCOPES) and node not in nodes:
+            continue
+        todo += list(ast.iter_child_nodes(node))
+    return names
+
+
+def _scope_locals(node) -> set[str]:
+    """The names local to a function, lambda, class body or comprehension."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        a = node.args
+        params = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg]
+                  if x is not None}
+        body = [node.body] if isinstance(node, ast.Lambda) else node.body
+        declared = {n for stmt in ast.walk(ast.Module(body=list(body), type_ignores=[]))
+                    if isinstance(stmt, (ast.Global, ast.Nonlocal)) for n in stmt.names}
+        return (params | _bound_in(body)) - declared
+    if isinstance(node, ast.ClassDef):
+        return _bound_in(node.body)
+    return _bound_in([g.target for g in node.generators])
+
+
+class _Reader(ast.NodeVisitor):
+    """Walks one cell's top-level statements in order: a name loaded while neither this
+    cell (so far) nor an enclosing nested scope binds it is a read."""
+
+    def __init__(self, bound_anywhere: set[str]):
+        self.bound: set[str] = set()  # bound at top level so far
+        self.anywhere = bound_anywhere  # bound at top level somewhere in the cell
+        self.local: list[set[str]] = []  # the nested scopes we are in
+        self.reads: dict[str, None] = {}
+
+    def read(self, name: str) -> None:
+        if any(name in scope for scope in self.local):
+            return
+        if name in (self.anywhere if self.local else self.bound):
+            return  # nested code runs later, once the cell has bound its names
+        self.reads.setdefault(name, None)
+
+    def visit_Name(self, node):
+        if isinstance(node.ctx, ast.Load):
+            self.read(node.id)
+        elif not self.local:
+            self.bound.add(node.id)
+
+    def _visit_all(self, nodes):
+        for node in nodes:
+            if node is not None:
+                self.visit(node)
+
+    def visit_Assign(self, node):
+        self.visit(node.value)
+        self._visit_all(node.targets)
+
+    def visit_AnnAssign(self, node):
+        self._visit_all([node.value, node.target])
+
+    def visit_AugAssign(self, node):
+        if isinstance(node.target, ast.Name):
+            self.read(node.target.id)
+        self._visit_all([node.value, node.target])
+
+    def visit_NamedExpr(self, node):
+        self.visit(node.value)
+        if self.local and not isinstance(self.local[-1], _ComprehensionScope):
+            self.local[-1].add(node.target.id)
+        else:  # a walrus in a comprehension binds in the enclosing scope
+            self.bound.add(node.target.id)
+
+    def visit_For(self, node):
+        self._visit_all([node.iter, node.target] + node.body + node.orelse)
+
+    visit_AsyncFor = visit_For
+
+    def visit_Import(self, node):
+        if not self.local:
+            self.bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+
+    visit_ImportFrom = visit_Import
+
+    def visit_ExceptHandler(self, node):
+        self._visit_all([node.type])
+        if node.name and not self.local:
+            self.bound.add(node.name)
+        self._visit_all(node.body)
+
+    def _nested(self, node, body, scope: set[str]):
+        self.local.append(scope)
+        self._visit_all(body)
+        self.local.pop()
+
+    def visit_FunctionDef(self, node):
+        a = node.args
+        self._visit_all(node.decorator_list + a.defaults + a.kw_defaults)
+        self._nested(node, node.body, _scope_locals(node))
+        if not self.local:
+            self.bound.add(node.name)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Lambda(self, node):
+        a = node.args
+        self._visit_all(a.defaults + a.kw_defaults)
+        self._nested(node, [node.body], _scope_locals(node))
+
+    def visit_ClassDef(self, node):
+        self._visit_all(node.decorator_list + node.bases + [k.value for k in node.keywords])
+        self._nested(node, node.body, _scope_locals(node))
+        if not self.local:
+            self.bound.add(node.name)
+
+    def _comprehension(self, node, parts):
+        first, *rest = node.generators
+        self.visit(first.iter)  # evaluated in the enclosing scope
+        scope = _ComprehensionScope(_scope_locals(node))
+        self.local.append(scope)
+        self._visit_all([first.target] + first.ifs)
+        for gen in rest:
+            self._visit_all([gen.iter, gen.target] + gen.ifs)
+        self._visit_all(parts)
+        self.local.pop()
+
+    def visit_ListComp(self, node):
+        self._comprehension(node, [node.elt])
+
+    visit_SetComp = visit_GeneratorExp = visit_ListComp
+
+    def visit_DictComp(self, node):
+        self._comprehension(node, [node.key, node.value])
+
+
+class _ComprehensionScope(set):
+    pass
+
+
+def _imports(tree: ast.Module) -> dict[str, str]:
+    """Top-level names bound by imports, with the module each came from."""
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                found[a.asname or a.name.split(".")[0]] = a.name if a.asname else \
+                    a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                found[a.asname or a.name] = f"{node.module}.{a.name}"
+    return found
+
+
+def analyse(number: int, source: str, presentation: bool) -> Cell:
+    tree = parse(source)
+    reader = _Reader(_bound_in(tree.body))
+    for stmt in tree.body:
+        reader.visit(stmt)
+    provided = set(dir(builtins)) | KERNEL_NAMES
+    reads = tuple(n for n in reader.reads if n not in provided)
+    return Cell(number, source, presentation, reads, frozenset(reader.bound),
+                _imports(tree))
+
+
+def code_cells(nb) -> list[Cell]:
+    """The notebook's code cells, analysed. SyntaxError (naming the cell) if one is not
+    Python."""
+    cells = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        try:
+            cells.append(analyse(len(cells) + 1, cell.source, is_presentation(cell)))
+        except SyntaxError as exc:
+            raise SyntaxError(f"code cell {len(cells) + 1}: {exc.msg} (line {exc.lineno})") \
+                from None
+    return cells
+
+
+# --- what passes between them --------------------------------------------------------------
+
+def kept_names(cells: list[Cell]) -> dict[int, list[str]]:
+    """{number of a measurement cell: the names to keep right after it}: for each
+    presentation cell, the names it reads whose last binding is a measurement cell, kept
+    after the last measurement cell before it (where their values are final for it)."""
+    owner: dict[str, Cell] = {}
+    last_measured = 0  # before any measurement cell: 0
+    kept: dict[int, list[str]] = {}
+    for cell in cells:
+        if cell.presentation:
+            for name in cell.reads:
+                if name in owner and not owner[name].presentation:
+                    names = kept.setdefault(last_measured, [])
+                    if name not in names:
+                        names.append(name)
+        else:
+            last_measured = cell.number
+        for name in cell.binds:
+            owner[name] = cell
+    return kept
+
+
+_CLOCKS = {"time", "timeit"}
+
+
+def _touches(tree: ast.Module) -> list[str]:
+    """What in a presentation cell's code would touch the GPU or a clock, in words."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"imports {a.name}" for a in node.names if denied(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if denied(node.module):
+                found.append(f"imports from {node.module}")
+            else:
+                found += [f"imports {node.module}.{a.name}" for a in node.names
+                          if denied(f"{node.module}.{a.name}")]
+        elif isinstance(node, ast.Attribute):
+            if node.attr == "cuda":
+                found.append(f"uses {ast.unparse(node)}")
+            elif (isinstance(node.value, ast.Name) and node.value.id in _CLOCKS):
+                found.append(f"uses {ast.unparse(node)}")
+            elif node.attr == "profiler" and isinstance(node.value, ast.Name):
+                found.append(f"uses {ast.unparse(node)}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                (node.value == "cuda" or node.value.startswith("cuda:")):
+            found.append(f"names the device {node.value!r}")
+    return list(dict.fromkeys(found))
+
+
+def problems(cells: list[Cell]) -> list[str]:
+    """What breaks the rules of the module docstring, one line each, naming the cell."""
+    said = []
+    owner: dict[str, Cell] = {}
+    imported_from: dict[str, str] = {}  # name -> module, for names imported by any cell
+    for cell in cells:
+        if cell.presentation:
+            for what in _touches(parse(cell.source)):
+                said.append(f"{cell} {what}: a presentation cell runs at build time on the "
+                            "CPU and cannot touch the GPU or time anything; move that "
+                            "into a measurement cell")
+            for name in cell.reads:
+                module = imported_from.get(name) if name in owner else None
+                if module and not owner[name].presentation and denied(module):
+                    said.append(f"{cell} uses {name} (from {module}), which measures, "
+                                "decodes or touches the GPU: call it in a measurement cell "
+                                "and present its result")
+        else:
+            for name in cell.reads:
+                if name in owner and owner[name].presentation:
+                    said.append(f"{cell} reads {name}, which only {owner[name]} binds: "
+                                "a measurement cannot depend on a presentation cell; bind "
+                                "it in a measurement cell")
+        for name in cell.binds:
+            owner[name] = cell
+            if name in cell.imports:
+                imported_from[name] = cell.imports[name]
+            else:
+                imported_from.pop(name, None)
+    return said
