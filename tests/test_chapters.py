@@ -22,17 +22,30 @@ CHAPTERS, _ = book_chapters(ROOT, with_drafts=True)
 
 
 def execute_smoke(path: Path, tmp_path: Path, monkeypatch):
+    """The chapter as it is recorded and built, in smoke mode: its measurement cells run
+    as the record command runs them (keeping what its presentation cells read), then its
+    presentation cells run from the kept values, as the build runs them."""
     import nbclient
 
-    monkeypatch.setenv("GPUINFER_ARTIFACTS", str(tmp_path / "artifacts"))
+    from gpuinfer.publish.kept import DATA_FILE
+    from gpuinfer.publish.present import PresentationError, present
+    from gpuinfer.publish.record import measuring_client
+
+    artifacts = tmp_path / "artifacts"
+    monkeypatch.setenv("GPUINFER_ARTIFACTS", str(artifacts))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # smoke mode even on a GPU machine
     nb = read_chapter(path)  # as the record command reads it
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,
-                                     resources={"metadata": {"path": str(path.parent)}})
+    kept = artifacts / path.stem
+    client = measuring_client(nb, path.parent, kept)
+    client.kernel_name = "python3"
     try:
         client.execute()
     except nbclient.exceptions.CellExecutionError as err:
         pytest.fail(f"{path.name} failed in smoke mode:\n{err}", pytrace=False)
+    try:
+        present(nb, kept / DATA_FILE, path.parent, path.stem)
+    except PresentationError as err:
+        pytest.fail(str(err), pytrace=False)
     return nb
 
 

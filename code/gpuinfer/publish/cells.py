@@ -282,20 +282,19 @@ def code_cells(nb) -> list[Cell]:
 
 # --- what passes between them --------------------------------------------------------------
 
-def kept_names(cells: list[Cell]) -> dict[int, list[str]]:
-    """{number of a measurement cell: the names to keep right after it}: for each
-    presentation cell, the names it reads whose last binding is a measurement cell, kept
-    after the last measurement cell before it (where their values are final for it)."""
+def kept_names(cells: list[Cell]) -> dict[int, dict[str, str]]:
+    """{number of a measurement cell: {name: the first presentation cell that reads it}}:
+    for each presentation cell, the names it reads whose last binding is in a measurement
+    cell, kept after the last measurement cell before it (where their values are final
+    for it)."""
     owner: dict[str, Cell] = {}
     last_measured = 0  # before any measurement cell: 0
-    kept: dict[int, list[str]] = {}
+    kept: dict[int, dict[str, str]] = {}
     for cell in cells:
         if cell.presentation:
             for name in cell.reads:
                 if name in owner and not owner[name].presentation:
-                    names = kept.setdefault(last_measured, [])
-                    if name not in names:
-                        names.append(name)
+                    kept.setdefault(last_measured, {}).setdefault(name, str(cell))
         else:
             last_measured = cell.number
         for name in cell.binds:
@@ -361,3 +360,36 @@ def problems(cells: list[Cell]) -> list[str]:
             else:
                 imported_from.pop(name, None)
     return said
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m gpuinfer.publish.cells CHAPTER.md`: each code cell's kind, what the
+    recording keeps after each measurement cell, and what breaks the rules."""
+    import sys
+    from pathlib import Path
+
+    from gpuinfer.publish.book import read_chapter
+
+    paths = sys.argv[1:] if argv is None else argv
+    if not paths:
+        print("usage: python -m gpuinfer.publish.cells CHAPTER.md ...", file=sys.stderr)
+        return 2
+    broken = 0
+    for path in paths:
+        analysed = code_cells(read_chapter(Path(path)))
+        kept = kept_names(analysed)
+        print(f"{path}: {sum(not c.presentation for c in analysed)} measurement cells, "
+              f"{sum(c.presentation for c in analysed)} presentation cells")
+        for cell in analysed:
+            first = cell.source.strip().splitlines()[0][:60] if cell.source.strip() else ""
+            print(f"  {cell.number:3d} {cell.kind[:4]}  {first}")
+            if cell.number in kept:
+                print(f"        keeps: {', '.join(kept[cell.number])}")
+        for line in problems(analysed):
+            broken += 1
+            print(f"  PROBLEM: {line}")
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,8 +24,12 @@ NUMBER = re.compile(r"^(?:np\.\w+\()?\s*"  # np.float64( ... ) around it, or not
 
 
 def glued_values(path: Path | str) -> dict[str, str]:
-    """{name: text} of every value the notebook glued, in the order it glued them."""
-    nb = json.loads(Path(path).read_text(encoding="utf8"))
+    """{name: text} of every value the notebook file glued, in the order it glued them."""
+    return glued_in(json.loads(Path(path).read_text(encoding="utf8")))
+
+
+def glued_in(nb) -> dict[str, str]:
+    """{name: text} of every value a notebook (a dict or an nbformat notebook) glued."""
     values = {}
     for cell in nb.get("cells", []):
         for out in cell.get("outputs", []):

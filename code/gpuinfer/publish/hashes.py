@@ -1,18 +1,19 @@
-"""What a recording is checked against: the hashes of what produced it.
+"""What a recording is checked against: the hashes of what produced it and of what it holds.
 
-A recording keeps three in its provenance (`metadata["gpuinfer"]`, see
-gpuinfer.publish.validation):
+A recording keeps, in its provenance (`metadata["gpuinfer"]`, see
+gpuinfer.publish.validation), with `format` FORMAT:
 
-- chapter_hash: the chapter's code cells (editing the prose keeps a recording valid);
-- package_hash: the gpuinfer modules the chapter imports, followed through the imports
-  between them, plus the `__init__.py` of every package on the way (editing a module the
-  chapter does not use keeps it valid too). A module is hashed as Python parses it, without
-  its docstrings (comments never reach the parse), so editing a comment or a docstring keeps
-  a recording valid; the chapter's own cells are hashed as written, since its page shows
-  them from the recording;
-- artifacts: each file of `_recorded/<stem>/` (profiler traces), so that a missing, altered
-  or extra file makes the recording stale. Recordings made before this was kept have none,
-  and their artifacts go unchecked.
+- cells: one hash per measurement cell (gpuinfer.publish.cells), as Python parses it: a
+  comment or blank-line edit keeps a recording valid, and the page shows the edited cell
+  beside the recorded outputs; presentation cells do not count;
+- definitions: the package definitions those cells reach, each hashed as parsed
+  (gpuinfer.publish.reach says what "reach" means; comments and docstrings never count);
+- outputs: one hash per measurement cell of the outputs it recorded, so that a number
+  edited in the notebook makes the recording stale;
+- artifacts: each file of `_recorded/<stem>/` (profiler traces, the values kept for the
+  presentation cells in data.json), so that a missing, altered or extra file makes it stale.
+
+A recording without them (made before this format) is stale: it is never trusted.
 """
 
 from __future__ import annotations
@@ -30,12 +31,51 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def code_sources(nb) -> list[str]:
-    return [cell.source for cell in nb.cells if cell.cell_type == "code"]
+FORMAT = 2  # of a recording's provenance; older recordings are stale
 
 
-def chapter_hash(nb) -> str:
-    return _sha256(json.dumps(code_sources(nb)).encode())
+def measurement_sources(nb) -> list[str]:
+    """The sources of nb's measurement cells, in order."""
+    from gpuinfer.publish.cells import is_presentation
+
+    return [cell.source for cell in nb.cells
+            if cell.cell_type == "code" and not is_presentation(cell)]
+
+
+def cells_hashes(sources: list[str]) -> list[str]:
+    """One hash per cell, of the cell as Python parses it (IPython syntax translated)."""
+    found = []
+    for source in sources:
+        try:
+            found.append(_sha256(_canonical(_parse_cell(source)).encode()))
+        except SyntaxError:
+            found.append(_sha256(source.replace("\r\n", "\n").encode()))
+    return found
+
+
+def _parse_cell(source: str) -> ast.Module:
+    from gpuinfer.publish.cells import parse
+
+    return parse(source)
+
+
+def _joined(value):
+    """Output data as nbformat reads it back: multi-line strings joined."""
+    if isinstance(value, dict):
+        return {k: _joined(v) for k, v in value.items()}
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return "".join(value)
+    if isinstance(value, list):
+        return [_joined(v) for v in value]
+    return value
+
+
+def outputs_hashes(nb) -> list[str]:
+    """One hash per measurement cell, of its outputs (and nothing else of the cell)."""
+    from gpuinfer.publish.cells import is_presentation
+
+    return [_sha256(json.dumps(_joined(cell.get("outputs", [])), sort_keys=True).encode())
+            for cell in nb.cells if cell.cell_type == "code" and not is_presentation(cell)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -159,11 +199,17 @@ def package_hash(hashes: dict[str, str]) -> str:
     return _sha256(json.dumps(sorted(hashes.items())).encode())
 
 
+def shown_text(nb) -> str:
+    """The chapter's prose, where its `literalinclude`s are."""
+    return "\n".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
+
+
 def current_hashes(nb, package_dir: Path = PACKAGE_DIR) -> dict:
-    """What a recording of notebook `nb` made now would store: the hashes and modules."""
-    modules = module_hashes(imported_modules(code_sources(nb), package_dir), package_dir)
-    return {"chapter_hash": chapter_hash(nb), "package_hash": package_hash(modules),
-            "modules": modules}
+    """What a recording of notebook `nb` made now would store of its code: the format, the
+    measurement cells' hashes and the definitions they reach, with their hashes."""
+    sources = measurement_sources(nb)
+    modules = module_hashes(imported_modules(sources, package_dir), package_dir)
+    return {"format": FORMAT, "cells": cells_hashes(sources), "definitions": modules}
 
 
 def artifact_hashes(folder: Path) -> dict[str, str]:

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuinfer.publish import book, store
+from gpuinfer.publish import cells as cellkinds
 from gpuinfer.publish.gpumem import PeakMemory
-from gpuinfer.publish.hashes import current_hashes
+from gpuinfer.publish.hashes import current_hashes, outputs_hashes
 from gpuinfer.publish.preflight import (UsageError, book_chapters, check_writable,
                                         find_root, free_mb, missing_packages,
                                         recordings_folders, select_chapters)
@@ -88,27 +89,76 @@ def _raise_interrupt(signum, frame):
 
 # --- executing one chapter ---------------------------------------------------------------
 
-def execute(chapter: str, nb, cwd: Path, artifacts: Path, connection_file: Path) -> None:
-    """Run notebook nb in a fresh kernel, in place, showing progress. Raises nbclient's
-    CellExecutionError (which holds the cell and its traceback) when a cell fails, and
-    KeyboardInterrupt, after the kernel is shut down, on Ctrl-C or SIGTERM. The kernel's
-    connection file (it holds the kernel's key) goes to `connection_file`, in this run's
-    scratch folder, which the next run removes if a kill leaves it."""
+def _keep_source(after: int, readers: dict[str, str], folder: Path) -> str:
+    return (f"__import__('gpuinfer.publish.kept', fromlist=['keep']).keep({after}, "
+            f"{readers!r}, globals(), {str(folder)!r})")
+
+
+def measuring_client(nb, cwd: Path, folder: Path, on_cell_execute=None):
+    """An nbclient client that runs nb's measurement cells and skips its presentation
+    cells; right after each measurement cell that precedes presentation cells, it keeps
+    (gpuinfer.publish.kept) what they read, in `folder`/data.json. Raises ValueError,
+    naming the cell, when the chapter breaks a rule of gpuinfer.publish.cells."""
+    import nbformat
     from nbclient import NotebookClient
+
+    analysed = cellkinds.code_cells(nb)
+    broken = cellkinds.problems(analysed)
+    if broken:
+        raise ValueError("; ".join(broken))
+    readers = cellkinds.kept_names(analysed)
+    index_of = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    keeps = {index_of[after - 1]: _keep_source(after, names, folder)
+             for after, names in readers.items() if after > 0}
+
+    class Measuring(NotebookClient):
+        async def async_execute_cell(self, cell, cell_index, execution_count=None,
+                                     store_history=True):
+            cell = await super().async_execute_cell(cell, cell_index, execution_count,
+                                                    store_history)
+            if cell is self.nb.cells[cell_index] and cell_index in keeps:
+                await super().async_execute_cell(
+                    nbformat.v4.new_code_cell(keeps[cell_index]), cell_index,
+                    store_history=False)
+                self.nb.cells[cell_index] = cell  # nbclient put the keeping there
+            return cell
+
+    return Measuring(nb, timeout=CELL_TIMEOUT_S, record_timing=False,
+                     skip_cells_with_tag=cellkinds.PRESENTATION,
+                     on_cell_execute=on_cell_execute,
+                     resources={"metadata": {"path": str(cwd)}})
+
+
+def execute(chapter: str, nb, cwd: Path, artifacts: Path, connection_file: Path) -> dict:
+    """Run notebook nb's measurement cells in a fresh kernel, in place, showing progress,
+    keeping what its presentation cells read in artifacts/<chapter>/data.json; returns
+    {code cell number: seconds} of the cells it ran. Raises nbclient's CellExecutionError
+    (which holds the cell and its traceback) when a cell fails, and KeyboardInterrupt,
+    after the kernel is shut down, on Ctrl-C or SIGTERM. The kernel's connection file (it
+    holds the kernel's key) goes to `connection_file`, in this run's scratch folder, which
+    the next run removes if a kill leaves it."""
     from nbclient.exceptions import CellExecutionError
 
-    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
+    numbers = {i: n + 1 for n, i in enumerate(
+        i for i, c in enumerate(nb.cells) if c.cell_type == "code")}
+    measured = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and
+                c.source.strip() and not cellkinds.is_presentation(c)]
     start = time.perf_counter()
+    seconds, started = {}, {}
 
     def on_cell_execute(cell, cell_index):
+        if cell is not nb.cells[cell_index]:
+            return  # the keeping of values, not a cell of the chapter
+        now = time.perf_counter()
+        for i, t in started.items():
+            seconds[numbers[i]] = round(now - t, 1)
+        started.clear()
+        started[cell_index] = now
         first_line = cell.source.strip().splitlines()[0][:60]
-        log(f"[{chapter} {time.perf_counter() - start:6.1f} s] cell "
-            f"{code.index(cell_index) + 1}/{len(code)}: {first_line}")
+        log(f"[{chapter} {now - start:6.1f} s] cell "
+            f"{measured.index(cell_index) + 1}/{len(measured)}: {first_line}")
 
-    client = NotebookClient(
-        nb, timeout=CELL_TIMEOUT_S, record_timing=False, on_cell_execute=on_cell_execute,
-        resources={"metadata": {"path": str(cwd)}},
-    )
+    client = measuring_client(nb, cwd, artifacts / chapter, on_cell_execute)
     client.km = client.create_kernel_manager()
     client.km.connection_file = str(connection_file)  # not the system's temporary folder
     old = os.environ.get("GPUINFER_ARTIFACTS")
@@ -131,10 +181,13 @@ def execute(chapter: str, nb, cwd: Path, artifacts: Path, connection_file: Path)
         raise
     finally:
         kernel_log.close()
+        for i, t in started.items():
+            seconds[numbers[i]] = round(time.perf_counter() - t, 1)
         if old is None:
             os.environ.pop("GPUINFER_ARTIFACTS")
         else:
             os.environ["GPUINFER_ARTIFACTS"] = old
+    return seconds
 
 
 def dying_words(text: str, most: int = 20_000) -> str:
@@ -189,13 +242,15 @@ def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Resu
         nb = book.read_chapter(path)
         hashes = current_hashes(nb)  # of the code that runs, before it runs
         with PeakMemory() as memory:  # what a reader's GPU needs for this chapter
-            execute(chapter, nb, path.parent, artifacts, scratch / "kernel.json")
+            cell_seconds = execute(chapter, nb, path.parent, artifacts,
+                                   scratch / "kernel.json")
         seconds = time.perf_counter() - start
         strip(nb)
         meta = provenance()
         meta.update(hashes)
-        meta.update(seconds=round(seconds, 1), peak_gpu_memory_gib=memory.peak_gib,
-                    allow_cpu=allow_cpu,
+        meta.update(outputs=outputs_hashes(nb), seconds=round(seconds, 1),
+                    cell_seconds={str(k): v for k, v in sorted(cell_seconds.items())},
+                    peak_gpu_memory_gib=memory.peak_gib, allow_cpu=allow_cpu,
                     command=f"python -m gpuinfer.publish.record {chapter}")
         nb.metadata[METADATA_KEY] = meta
         store.commit(path, nb, artifacts)

@@ -1,10 +1,12 @@
 """Whether each chapter's GPU recording is still valid: `status`.
 
 A recording (gpuinfer.publish.book says where) is fresh when what produced it is what the
-chapter would run now: its code cells, the gpuinfer modules they import and its artifacts
-have the hashes it stored (gpuinfer.publish.hashes), and it is whole and made on a GPU
+chapter would run now and what it holds is what it recorded (gpuinfer.publish.hashes): the
+chapter's measurement cells as parsed and the package definitions they reach, its recorded
+outputs, its artifacts and kept data; when it keeps every value the chapter's presentation
+cells read (gpuinfer.publish.present); and when it is whole and made on a GPU
 (gpuinfer.publish.validation). Otherwise it is stale, missing, a CPU smoke run, corrupt,
-or unfinished (a write cut short by a kill).
+or unfinished (a write cut short by a kill), with one line that says why.
 
 Plain functions, no Sphinx: the record command, the Sphinx extensions and the tests share
 them.
@@ -17,9 +19,12 @@ from pathlib import Path
 
 from gpuinfer.publish.book import (artifacts_path, chapters, journal_path, read_chapter,
                                    recording_path)
-from gpuinfer.publish.hashes import (PACKAGE_DIR, artifact_hashes, artifacts_differ,
-                                     current_hashes)
-from gpuinfer.publish.validation import read_provenance
+from gpuinfer.publish import cells as cellkinds
+from gpuinfer.publish.hashes import (FORMAT, PACKAGE_DIR, artifact_hashes, artifacts_differ,
+                                     cells_hashes, current_hashes, measurement_sources,
+                                     outputs_hashes)
+from gpuinfer.publish.kept import DATA_FILE
+from gpuinfer.publish.validation import METADATA_KEY, read_recording
 
 STATES = ("fresh", "stale", "missing", "cpu", "corrupt", "unfinished")
 
@@ -36,7 +41,7 @@ class Status:
     reason: str  # why, in words
     recording: Path
     provenance: dict = field(default_factory=dict)  # the recording's metadata["gpuinfer"]
-    modules: tuple[str, ...] = ()  # package modules the chapter imports now
+    modules: tuple[str, ...] = ()  # package modules whose definitions the chapter reaches
 
     @property
     def fresh(self) -> bool:
@@ -71,8 +76,9 @@ def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
     path = all_chapters[chapter]
     rec = recording_path(path)
     shown = rec.relative_to(Path(root)).as_posix()
-    now = current_hashes(read_chapter(path), package_dir)
-    modules = tuple(now["modules"])
+    nb = read_chapter(path)
+    now = current_hashes(nb, package_dir)
+    modules = tuple(sorted({key.split("::")[0] for key in now["definitions"]}))
 
     def result(state, reason, meta=None):
         return Status(chapter, state, reason, rec, meta or {}, modules)
@@ -85,26 +91,69 @@ def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
     if not rec.exists():
         return result("missing", f"there is no recording {shown}")
     try:
-        meta = read_provenance(rec)
+        recorded = read_recording(rec)
     except (OSError, ValueError) as exc:
         return result("corrupt", f"the recording {shown} is unreadable ({exc})")
-    if meta["chapter_hash"] != now["chapter_hash"]:
-        return result("stale", "its code cells changed since it was recorded", meta)
-    if meta["package_hash"] != now["package_hash"]:
-        old = meta["modules"] if isinstance(meta["modules"], dict) else {}
-        changed = sorted(m for m in set(old) | set(now["modules"])
-                         if old.get(m) != now["modules"].get(m))
-        return result("stale", "the gpuinfer sources it imports changed since it was "
-                      f"recorded ({', '.join('gpuinfer/' + m for m in changed)})", meta)
-    # Recordings made before artifacts were hashed carry no "artifacts": nothing to check.
-    if isinstance(meta.get("artifacts"), dict):
-        folder = artifacts_path(path)
-        differ = artifacts_differ(meta["artifacts"], artifact_hashes(folder))
-        if differ:
-            shown_folder = folder.relative_to(Path(root)).as_posix()
-            return result("stale", f"its artifacts in {shown_folder}/ are not the ones it "
-                          f"recorded ({differ})", meta)
+    meta = recorded.metadata[METADATA_KEY]
+    if meta.get("format") != FORMAT:
+        return result("stale", f"{shown} was recorded before recordings hashed their "
+                      "outputs and data (an older format), so it is not trusted", meta)
+    why = changed(nb, recorded, meta, now)
+    if why:
+        return result("stale", why, meta)
+    if outputs_hashes(recorded) != meta.get("outputs"):
+        cells = _measurement_numbers(recorded)
+        edited = [str(n) for n, a, b in zip(cells, outputs_hashes(recorded),
+                                            meta.get("outputs") or []) if a != b]
+        return result("stale", f"its recorded outputs in {shown} (cell "
+                      f"{', '.join(edited) or '?'}) are not those it recorded", meta)
+    folder = artifacts_path(path)
+    shown_folder = folder.relative_to(Path(root)).as_posix()
+    differ = artifacts_differ(meta.get("artifacts") or {}, artifact_hashes(folder))
+    if differ:
+        return result("stale", f"its files in {shown_folder}/ are not the ones it "
+                      f"recorded ({differ})", meta)
+    from gpuinfer.publish.present import missing as not_kept
+
+    absent = not_kept(nb, folder / DATA_FILE)
+    if absent:
+        return result("stale", f"{absent[0]} ({shown_folder}/{DATA_FILE})", meta)
     if meta["smoke"] and not accept_cpu:
         return result("cpu", f"{shown} is a CPU smoke recording (made with --allow-cpu), "
                       "not GPU results", meta)
     return result("fresh", recorded_on(meta), meta)
+
+
+def _measurement_numbers(nb) -> list[int]:
+    """The code-cell numbers of nb's measurement cells."""
+    numbers, n = [], 0
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            n += 1
+            if not cellkinds.is_presentation(cell):
+                numbers.append(n)
+    return numbers
+
+
+def changed(nb, recorded, meta: dict, now: dict) -> str | None:
+    """Why the chapter's code is no longer what made the recording, or None: its
+    measurement cells, the definitions they reach, or the recording's own cells edited."""
+    if cells_hashes(measurement_sources(recorded)) != meta.get("cells"):
+        return ("its code cells are not the ones it was recorded with (the hashes in its "
+                "metadata differ): it was edited after recording")
+    old, new = meta.get("cells") or [], now["cells"]
+    if old != new:
+        numbers = _measurement_numbers(nb)
+        if len(old) != len(new):
+            return (f"its measurement cells changed since it was recorded ({len(new)} now, "
+                    f"{len(old)} then)")
+        which = [str(n) for n, a, b in zip(numbers, old, new) if a != b]
+        return (f"its measurement cell{'s' if len(which) > 1 else ''} {', '.join(which)} "
+                "changed since it was recorded")
+    old, new = meta.get("definitions") or {}, now["definitions"]
+    if old != new:
+        keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        shown = ", ".join("gpuinfer/" + k for k in keys[:4]) + (" …" if len(keys) > 4
+                                                               else "")
+        return f"the package definitions it reaches changed since it was recorded ({shown})"
+    return None

@@ -4,15 +4,19 @@ myst-nb runs in `cache` mode: it looks each chapter up in its jupyter-cache (in 
 by a hash of the chapter's code cells, and executes the chapter only when it is not there.
 At the start of a build, this extension puts every chapter whose recording is fresh (see
 gpuinfer.publish.recordings) into that cache, as myst-nb would have stored it after
-executing it: the chapter read by myst-nb's own reader, with the outputs of the recording's
-code cells. So a build with fresh recordings executes nothing. A chapter without a valid
-recording (stale, missing, corrupt, a CPU smoke run) is left to myst-nb, which executes it
-on this machine's CPU as a preview (and caches that execution); the build warns, naming the
-command that re-records it.
+executing it: the chapter read by myst-nb's own reader, with the recorded outputs of its
+measurement cells and the outputs of its presentation cells, which it runs then, on this
+machine's CPU, from the values the recording kept (gpuinfer.publish.present). So a build
+with fresh recordings measures nothing; it redraws figures, tables and glued values from
+recorded data, and a presentation cell that touches the GPU or fails stops it with one
+line naming the cell. A chapter without a valid recording (stale, missing, corrupt, a CPU
+smoke run) is left to myst-nb, which executes it on this machine's CPU as a preview (and
+caches that execution); the build warns, naming the command that re-records it.
 
 Under the title of each chapter page goes the recording's provenance, with download links
 (or, for a preview, a banner saying that its outputs are not GPU results). The recording
-and the package modules a chapter imports are Sphinx dependencies of its page, so an
+and the package modules whose definitions a chapter reaches are Sphinx dependencies of
+its page, so an
 incremental build picks up a re-recording or a change of the package. The directive
 `{recorded-runtimes}` tabulates each chapter's recording: its state, GPU, date, run time and
 the peak GPU memory it used (gpuinfer.publish.gpumem).
@@ -38,6 +42,7 @@ from sphinx.util.docutils import SphinxDirective
 
 from gpuinfer.publish import book, recordings
 from gpuinfer.publish.hashes import PACKAGE_DIR
+from gpuinfer.publish.present import PresentationError
 from gpuinfer.publish.sphinx_site import table
 
 logger = logging.getLogger(__name__)
@@ -89,33 +94,69 @@ def myst_nb_notebook(app, path: Path):
     return nb
 
 
-def seed(app, cache, status: recordings.Status, path: Path) -> None:
-    """Cache the chapter with the recording's outputs, unless this recording is cached."""
+def package_digest() -> str:
+    """One hash of every module of the package as written: a presentation cell's output
+    depends on the package code it calls (the plots), which no recording hash covers."""
+    digest = hashlib.sha256()
+    for module in sorted(PACKAGE_DIR.rglob("*.py")):
+        digest.update(module.relative_to(PACKAGE_DIR).as_posix().encode())
+        digest.update(module.read_bytes())
+    return digest.hexdigest()
+
+
+def page_notebook(app, status: recordings.Status, path: Path):
+    """The chapter as its page shows it: today's cells, with the recording's outputs in
+    its measurement cells (matched as parsed, so a re-worded comment keeps its outputs)
+    and the outputs of its presentation cells run now from the recording's kept values
+    (gpuinfer.publish.present); PresentationError if one fails."""
     import nbformat
-    from jupyter_cache.base import CacheBundleIn
+
+    from gpuinfer.publish.cells import is_presentation
+    from gpuinfer.publish.hashes import cells_hashes
+    from gpuinfer.publish.kept import DATA_FILE
+    from gpuinfer.publish.present import present
 
     nb = myst_nb_notebook(app, path)
-    data = status.recording.read_bytes()
-    recorded = nbformat.reads(data.decode("utf8"), as_version=4)
-    cells = [c for c in nb.cells if c.cell_type == "code"]
-    recorded_cells = [c for c in recorded.cells if c.cell_type == "code"]
-    if [c.source for c in cells] != [c.source for c in recorded_cells]:
-        raise ValueError("its code cells differ from the chapter's")
+    recorded = nbformat.reads(status.recording.read_text(encoding="utf8"), as_version=4)
+
+    def measured(notebook):
+        return [c for c in notebook.cells if c.cell_type == "code" and not is_presentation(c)]
+
+    cells, recorded_cells = measured(nb), measured(recorded)
+    if cells_hashes([c.source for c in cells]) != \
+            cells_hashes([c.source for c in recorded_cells]):
+        raise ValueError("its measurement cells differ from the chapter's")
     for cell, rec in zip(cells, recorded_cells):
         cell.outputs, cell.execution_count = rec.outputs, rec.execution_count
     if "language_info" in recorded.metadata:  # the lexer of the code cells
         nb.metadata["language_info"] = recorded.metadata["language_info"]
+    present(nb, book.artifacts_path(path) / DATA_FILE, path.parent, status.chapter)
+    return nb
 
-    digest = hashlib.sha256(data).hexdigest()
+
+def seed(app, cache, status: recordings.Status, path: Path, digest_of_package: str):
+    """Cache the page notebook (`page_notebook`) unless this recording, these cells and
+    this package are cached; returns the page notebook either way."""
+    from jupyter_cache.base import CacheBundleIn
+
+    digest = hashlib.sha256(status.recording.read_bytes())
+    for name, sha in sorted((status.provenance.get("artifacts") or {}).items()):
+        digest.update(f"{name}:{sha}".encode())
+    digest.update(path.read_bytes())  # the presentation cells as written
+    digest.update(digest_of_package.encode())
+    digest = digest.hexdigest()
     try:
-        if (cache.match_cache_notebook(nb).data or {}).get(SEED_KEY) == digest:
-            return  # seeded by an earlier build
+        record = cache.match_cache_notebook(myst_nb_notebook(app, path))
+        if (record.data or {}).get(SEED_KEY) == digest:
+            return cache.get_cache_bundle(record.pk).nb  # seeded by an earlier build
     except KeyError:
         pass
+    nb = page_notebook(app, status, path)
     runtime = status.provenance.get("seconds")
     cache.cache_notebook_bundle(
         CacheBundleIn(nb, str(path), data={SEED_KEY: digest, "execution_seconds": runtime}),
         check_validity=False, overwrite=True)
+    return nb
 
 
 def uncache(app, cache, status: recordings.Status, path: Path) -> None:
@@ -149,6 +190,8 @@ def seed_cache(app) -> None:
     check_artifacts_folder(root, chapters.values())
     cache = get_cache(app.env.mystnb_config.execution_cache_path)
     app.gpuinfer_status = {}  # docname -> Status, for the page boxes
+    app.gpuinfer_pages = {}  # chapter -> the page's notebook, for the results page
+    digest_of_package = package_digest()
     for chapter, path in chapters.items():
         try:
             status = recordings.status(
@@ -157,7 +200,10 @@ def seed_cache(app) -> None:
             stop(str(exc))
         if status.fresh:
             try:
-                seed(app, cache, status, path)
+                app.gpuinfer_pages[chapter] = seed(app, cache, status, path,
+                                                   digest_of_package)
+            except PresentationError as exc:
+                stop(str(exc))
             except Exception as exc:  # anything unreadable in it: report, never crash
                 shown = status.recording.relative_to(root).as_posix()
                 status = recordings.Status(

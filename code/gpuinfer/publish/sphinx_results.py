@@ -2,8 +2,8 @@
 
 The directive `{decode-results}` renders one table of every decode variant the chapters
 measure (with `:fastest:`, only the fastest of each chapter, for the intro), read at build
-time from the values each chapter's recording glued under
-`gpuinfer.report.results.GLUE_NAME`: no number on that page is typed. A chapter whose
+time from the values each chapter's page glued under `gpuinfer.report.results.GLUE_NAME`
+(its recording, and its presentation cells run from it): no number on that page is typed. A chapter whose
 recording is not fresh (missing, stale, a CPU run) is left out, so that the table never
 shows a number the chapter does not.
 
@@ -27,7 +27,7 @@ from sphinx.util.docutils import SphinxDirective
 
 from gpuinfer.measure.roofline import lookup_spec
 from gpuinfer.publish import book, recordings
-from gpuinfer.publish.compare import glued_values
+from gpuinfer.publish.compare import glued_in
 from gpuinfer.publish.sphinx_site import table
 from gpuinfer.report import results
 
@@ -36,9 +36,10 @@ HEADER = ["variant", "decode ms / token", "tokens / s", "prefill ms", "GB/s",
           "MBU, copy rate", "MBU, datasheet", "× V0", "× generate (static)"]
 
 
-def chapter_results(recording: Path) -> list[results.Result]:
-    """The rows a recording glued (none if it glued none)."""
-    text = glued_values(recording).get(results.GLUE_NAME)
+def chapter_results(page) -> list[results.Result]:
+    """The rows a chapter's page glued (none if it glued none): `page` is the notebook the
+    build made of its recording (gpuinfer.publish.sphinx_recordings.page_notebook)."""
+    text = glued_in(page).get(results.GLUE_NAME)
     return results.loads(ast.literal_eval(text)) if text else []  # glued as a str's repr
 
 
@@ -78,8 +79,9 @@ class DecodeResults(SphinxDirective):
             status = recordings.status(
                 root, chapter, accept_cpu=self.config.gpuinfer_accept_cpu_recordings)
             self.env.note_dependency(str(status.recording))
+            page = getattr(self.env.app, "gpuinfer_pages", {}).get(chapter)
             try:
-                rows = chapter_results(status.recording) if status.fresh else []
+                rows = chapter_results(page) if status.fresh and page else []
             except Exception as exc:  # a glued value damaged inside a valid notebook
                 logger.warning(f"{status.recording.relative_to(root).as_posix()}: its "
                                f"glued {results.GLUE_NAME} is unreadable "

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from gpuinfer.publish import book
 from gpuinfer.publish.hashes import artifact_hashes
+from gpuinfer.publish.kept import DATA_FILE
 from gpuinfer.publish.validation import METADATA_KEY
 
 JOURNAL_TEXT = ("A recording of {chapter} is being written. If this file is still here, "
@@ -110,7 +111,7 @@ def _paths(chapter_path: Path) -> dict[str, Path]:
 
 def stage_artifacts(chapter: str, scratch: Path, staged: Path) -> bool:
     """Copy what the chapter wrote under scratch into `staged` (an existing folder),
-    gzipping JSON (profiler traces), each file synced; False when it wrote nothing.
+    gzipping JSON (profiler traces) but the kept values (data.json), each file synced; False when it wrote nothing.
     env.artifact_dir(chapter) writes into scratch/<chapter>/: those files go to the top."""
     files = [f for f in sorted(Path(scratch).rglob("*")) if f.is_file()]
     for f in files:
@@ -119,7 +120,7 @@ def stage_artifacts(chapter: str, scratch: Path, staged: Path) -> bool:
             rel = rel.relative_to(chapter)
         out = staged / rel
         out.parent.mkdir(parents=True, exist_ok=True)
-        if f.suffix == ".json":
+        if f.suffix == ".json" and rel.as_posix() != DATA_FILE:  # data.json reads as is
             out = out.with_name(out.name + ".gz")
             with open(f, "rb") as fin, open(out, "wb") as raw:
                 with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0,

@@ -1,0 +1,139 @@
+"""Running a chapter's presentation cells from its recording, as every build does.
+
+A recording holds the outputs of the chapter's measurement cells and, in `data.json`, the
+values its presentation cells read (gpuinfer.publish.kept). `present` runs the presentation
+cells of a notebook, in order, in a fresh kernel on this machine's CPU: before the first
+presentation cell after measurement cell m, it restores what the recording kept there,
+then runs the cells as written today. Their outputs (figures, tables, glued values) go into
+the notebook in place, beside the recorded outputs of the measurement cells.
+
+A presentation cell cannot touch the GPU or time anything: the rules of
+gpuinfer.publish.cells are checked before anything runs, and the kernel sees no CUDA device
+(CUDA_VISIBLE_DEVICES is empty), so what slips past the check fails there, naming the cell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from pathlib import Path
+
+from gpuinfer.publish import cells as cellkinds
+from gpuinfer.publish.kept import DATA_FILE, read
+
+CELL_TIMEOUT_S = 300
+NUMBER_KEY = "gpuinfer_cell"  # the chapter's code-cell number, on each cell that runs
+
+
+class PresentationError(RuntimeError):
+    """A presentation cell broke a rule or failed; the message is one line naming it."""
+
+
+@contextlib.contextmanager
+def _no_cuda():
+    """The kernel inherits this process's environment: no CUDA device in it."""
+    old = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES")
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = old
+
+
+def _restore_source(after: int, data_path: Path) -> str:
+    return (f"__import__('gpuinfer.publish.kept', fromlist=['restore']).restore("
+            f"{after}, globals(), {str(data_path)!r})")
+
+
+def plan(nb, data_path: Path) -> list[tuple[int | None, object]]:
+    """What the kernel runs, in order: (None, the restore of measurement cell m's kept
+    values) before the first presentation cell after it, then (index in nb.cells, cell)."""
+    import nbformat
+
+    analysed = iter(cellkinds.code_cells(nb))
+    kept = read(data_path) if data_path.is_file() else {}
+    steps, after, restored = [], 0, set()
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        info = next(analysed)
+        if not info.presentation:
+            after = info.number
+            continue
+        if after not in restored and after in kept:
+            restored.add(after)
+            step = nbformat.v4.new_code_cell(_restore_source(after, data_path))
+            step.metadata[NUMBER_KEY] = -after  # negative: a restore, not a cell
+            steps.append((None, step))
+        run = copy.deepcopy(cell)
+        run.metadata[NUMBER_KEY] = info.number
+        steps.append((index, run))
+    return steps
+
+
+def missing(nb, data_path: Path) -> list[str]:
+    """What the presentation cells read that the recording did not keep, a line each."""
+    kept = read(data_path) if data_path.is_file() else {}
+    said = []
+    numbers = {c.number: c for c in cellkinds.code_cells(nb)}
+    for after, names in cellkinds.kept_names(list(numbers.values())).items():
+        absent = [n for n in names if n not in kept.get(after, {})]
+        if absent and data_path.is_file() and after in kept:
+            # kept there, but not these names: either a live NameError (the name was
+            # unbound when recorded) or a presentation cell reading something new
+            readers = [str(c) for c in numbers.values()
+                       if c.presentation and set(c.reads) & set(absent)]
+            said.append(f"{', '.join(readers)} read{'s' if len(readers) == 1 else ''} "
+                        f"{', '.join(absent)}, which the recording did not keep after "
+                        f"measurement cell {after}")
+        elif absent:
+            said.append(f"the presentation cells after measurement cell {after} read "
+                        f"{', '.join(absent)}, and the recording's {DATA_FILE} keeps "
+                        "nothing there")
+    return said
+
+
+def present(nb, data_path: Path, cwd: Path, chapter: str) -> None:
+    """Run nb's presentation cells in place from the values kept in `data_path`;
+    PresentationError (one line, naming the chapter and the cell) if one breaks a rule of
+    gpuinfer.publish.cells or fails."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    try:
+        broken = cellkinds.problems(cellkinds.code_cells(nb))
+    except SyntaxError as exc:
+        raise PresentationError(f"chapter {chapter}: {exc}") from None
+    if broken:
+        raise PresentationError(f"chapter {chapter}: {broken[0]}")
+    steps = plan(nb, Path(data_path))
+    if not steps:
+        return
+    run = nbformat.v4.new_notebook(cells=[cell for _, cell in steps],
+                                   metadata=copy.deepcopy(nb.metadata))
+    client = NotebookClient(run, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(cwd)}})
+    try:
+        with _no_cuda():
+            client.execute()
+    except CellExecutionError as exc:
+        failed = next((c for c in run.cells for o in c.get("outputs", [])
+                       if o.get("output_type") == "error"), None)
+        number = failed.metadata.get(NUMBER_KEY, 0) if failed is not None else 0
+        where = (f"presentation cell {number}" if number > 0 else
+                 f"restoring the values kept after measurement cell {-number}")
+        said = f"{exc.ename}: {exc.evalue}".splitlines()[0][:300]
+        if "CUDA" in said or "cuda" in said:
+            said += " (a presentation cell cannot touch the GPU)"
+        raise PresentationError(f"chapter {chapter}: {where} failed: {said}") from None
+    for index, cell in steps:
+        if index is not None:
+            nb.cells[index].outputs = cell.outputs
+            nb.cells[index].execution_count = cell.get("execution_count")
+    if "language_info" in run.metadata:
+        nb.metadata.setdefault("language_info", run.metadata["language_info"])
