@@ -55,10 +55,6 @@ def images(html: Path, docname: str) -> list[Path]:
     return paths
 
 
-def has_png(recording: Path) -> bool:
-    return '"image/png"' in recording.read_text(encoding="utf8")
-
-
 def git(root: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                           check=True).stdout
@@ -89,8 +85,7 @@ def test_book_builds_from_the_recordings_without_executing(request):
     for st in statuses:
         docname = st.recording.parent.parent.relative_to(ROOT).as_posix() + "/" + st.chapter
         assert f"Recorded on an {st.provenance['gpu']}" in page(html, docname)
-        if has_png(st.recording):
-            assert images(html, docname), f"{docname}: recorded figures are not on the page"
+        assert images(html, docname), f"{docname}: its figures are not on the page"
     if in_git:
         assert git(ROOT, "status", "--porcelain") == before, "the build changed the git tree"
     assert seconds <= BUILD_TARGET_S, f"the build took {seconds:.0f} s"
@@ -126,8 +121,9 @@ def test_fixture_builds_from_recordings_and_previews_the_rest(tmp_path):
     a = page(html, "book/ch_a")
     assert "A CPU smoke run, not GPU results" in a  # the provenance box
     assert "ch_a.ipynb" in a and "trace.json.gz" in a  # download links
-    assert "The answer is 45" in re.sub(r"<[^>]+>", "", a)  # a glued number
-    assert len(images(html, "book/ch_a")) == 1  # the recorded figure
+    assert "data.json" in a  # the values the figure and the glued number were drawn from
+    assert "The answer is 45" in re.sub(r"<[^>]+>", "", a)  # glued by a presentation cell
+    assert len(images(html, "book/ch_a")) == 1  # the figure, drawn from the recording
     results_page = re.sub(r"<[^>]+>", "", page(html, "book/results"))
     assert "V0 fixture" in results_page and "V9 fixture" in results_page  # read back
     assert "a CPU smoke run, not GPU results" in results_page
@@ -154,13 +150,15 @@ def test_fixture_builds_from_recordings_and_previews_the_rest(tmp_path):
     assert "CPU preview: these outputs are not GPU results" in page(html, "book/ch_a")
     assert git(root, "status", "--porcelain") == ""
 
-    # 4. valid JSON, damaged inside (a figure that is not base64): the same, and the rest
+    # 4. valid JSON, damaged inside (an image that is not base64): the same, and the rest
     # of the book is built
     assert record.main(["--root", str(root), "--allow-cpu", "ch_a"]) == 0
     rec = root / "book" / "_recorded" / "ch_a.ipynb"
-    damaged = re.sub(r'"image/png": "[^"]*"', '"image/png": "not base64!"', rec.read_text())
-    assert "not base64!" in damaged
-    rec.write_text(damaged)
+    nb = json.loads(rec.read_text())
+    [table] = [out for c in nb["cells"] for out in c.get("outputs", [])
+               if "text/markdown" in out.get("data", {})]
+    table["data"]["image/png"] = "not base64!"
+    rec.write_text(json.dumps(nb))
     commit_all(root)
     log = jupyter_book_build(root).log  # the preview of step 3 is still in the cache
     [warning] = sphinx_warnings(log)
@@ -182,8 +180,8 @@ def test_fixture_builds_from_recordings_and_previews_the_rest(tmp_path):
 
     # 6. a code cell edited inside the recording: the build and the tests say the same
     assert record.main(["--root", str(root), "--allow-cpu", "ch_a"]) == 0
-    rec.write_text(rec.read_text().replace("use_book_style()", "use_book_style()  # edited"))
-    assert recordings.status(root, "ch_a", accept_cpu=True).state == "corrupt"
+    rec.write_text(rec.read_text().replace("xs = [1, 2, 3]", "xs = [1, 2, 4]"))
+    assert recordings.status(root, "ch_a", accept_cpu=True).state == "stale"
     [warning] = sphinx_warnings(jupyter_book_build(root).log)
     assert "its code cells are not the ones it was recorded with" in warning
 
@@ -197,17 +195,17 @@ def test_fixture_builds_from_recordings_and_previews_the_rest(tmp_path):
     # 8. the artifacts folder gone: stale, so the page never lists downloads that vanished
     shutil.rmtree(root / "book" / "_recorded" / "ch_a")
     [warning] = sphinx_warnings(jupyter_book_build(root).log)
-    assert "missing: trace.json.gz" in warning
+    assert "missing: data.json, trace.json.gz" in warning
     assert "trace.json.gz" not in page(html, "book/ch_a")
 
-    # 9. the rows the results page reads, damaged inside a valid recording: a warning there
+    # 9. the rows the results page reads, glued unreadable by a presentation cell (no
+    # re-recording: the page and the results page follow the edit): a warning there
     assert record.main(["--root", str(root), "--allow-cpu", "ch_a"]) == 0
-    nb = json.loads(rec.read_text())
-    [glued] = [out for c in nb["cells"] for out in c.get("outputs", [])
-               if out.get("metadata", {}).get("scrapbook", {}).get("name") == "decode_results"]
-    for mime in glued["data"]:
-        glued["data"][mime] = "'[{\"variant\": '"  # a string, not the rows' JSON
-    rec.write_text(json.dumps(nb))
+    ch_a = root / "book" / "ch_a.md"
+    text = ch_a.read_text()
+    ch_a.write_text(text.replace("glue(GLUE_NAME, dumps(", "glue(GLUE_NAME, '[{\"variant\": ' "
+                                 "or dumps("))
+    assert recordings.status(root, "ch_a", accept_cpu=True).fresh
     [warning] = sphinx_warnings(jupyter_book_build(root).log)
     assert "its glued decode_results is unreadable" in warning
     assert "V9 fixture" not in re.sub(r"<[^>]+>", "", page(html, "book/results"))
@@ -240,13 +238,27 @@ def test_a_build_never_writes_into_the_recordings(recorded_fixture, tmp_path, ar
     into the recordings, or the book, or (relative) each chapter's folder. Refused."""
     root = Path(shutil.copytree(recorded_fixture, tmp_path / "book"))
     ch_a = root / "book" / "ch_a.md"
-    ch_a.write_text(ch_a.read_text().replace("use_book_style()", "use_book_style()  # new"))
+    ch_a.write_text(ch_a.read_text().replace("answer = sum(range(10))",
+                                             "answer = sum(range(10)) + 0"))
     before = recorded_files(root)
     value = artifacts.format(root=root)
     line = failed_build(root, GPUINFER_ARTIFACTS=value)
     assert line.startswith(f"error: GPUINFER_ARTIFACTS={value} ") and "unset it" in line
     assert recorded_files(root) == before
     assert not (root / "book" / "leak").exists() and not (root / "book" / "ch_a").exists()
+
+
+@pytest.mark.slow
+def test_a_presentation_cell_that_touches_the_gpu_stops_the_build(recorded_fixture,
+                                                                  tmp_path):
+    root = Path(shutil.copytree(recorded_fixture, tmp_path / "book"))
+    ch_a = root / "book" / "ch_a.md"
+    ch_a.write_text(ch_a.read_text().replace("plt.show()", "x = torch.ones(1).cuda()"))
+    assert recordings.status(root, "ch_a", accept_cpu=True).fresh  # presentation only
+    line = failed_build(root)
+    assert line == ("error: chapter ch_a: presentation cell 4 uses torch.ones(1).cuda: a "
+                    "presentation cell runs at build time on the CPU and cannot touch the "
+                    "GPU or time anything; move that into a measurement cell")
 
 
 @pytest.mark.slow

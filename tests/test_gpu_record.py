@@ -76,7 +76,7 @@ def test_a_relative_out_is_the_callers_and_brings_back_the_whole_recording(repo,
     with tarfile.open(out / "ch_a.tgz") as tgz:
         names = sorted(tgz.getnames())
     assert names == ["book/_recorded/ch_a", "book/_recorded/ch_a.ipynb",
-                     "book/_recorded/ch_a/trace.json.gz"]
+                     "book/_recorded/ch_a/data.json", "book/_recorded/ch_a/trace.json.gz"]
     # unpacked where the README says, into a clone whose folder holds an older artifact
     clone = Path(shutil.copytree(FIXTURE, tmp_path / "clone",
                                  ignore=shutil.ignore_patterns("_build", "_recorded")))

@@ -1,8 +1,9 @@
 """The record command (`python -m gpuinfer.publish.record`) and the recording status, on a
 fixture book.
 
-tests/fixtures/book has two tiny chapters: ch_a (a figure, a glued number, a JSON artifact)
-and ch_b (one cell). On this CPU machine they are recorded with --allow-cpu, as smoke
+tests/fixtures/book has two tiny chapters: ch_a (a measurement cell with a JSON artifact
+and a displayed table, and presentation cells: a figure and glued numbers from the values it
+kept) and ch_b (one cell). On this CPU machine they are recorded with --allow-cpu, as smoke
 recordings, into a copy of the fixture under tmp_path; the real book is never touched.
 """
 
@@ -206,12 +207,13 @@ def rewrite(path: Path, change) -> None:
 
 
 def figure(nb: dict) -> tuple[dict, str]:
-    """The recorded figure's output, and where a message says it is ('cell 3, output 1')."""
+    """The recorded displayed output (a table), and where a message says it is ('cell 4,
+    output 2')."""
     for i, cell in enumerate(nb["cells"], start=1):
         for j, out in enumerate(cell.get("outputs", []), start=1):
-            if "image/png" in out.get("data", {}):
+            if "text/markdown" in out.get("data", {}):
                 return out, f"cell {i}, output {j}"
-    raise AssertionError("no figure")
+    raise AssertionError("no displayed output")
 
 
 @pytest.mark.parametrize("damage, reason", [
@@ -231,15 +233,35 @@ def test_a_recording_damaged_inside_is_corrupt_not_a_crash(recorded, tmp_path, d
     assert st.state == "corrupt" and reason.format(where=where[0]) in st.reason, st.reason
 
 
-def test_code_edited_inside_a_recording_makes_it_corrupt(recorded, tmp_path):
+def test_code_edited_inside_a_recording_makes_it_stale(recorded, tmp_path):
     """The tests and the build agree: a recording's own code cells must be those whose hash
     it stores."""
     root = Path(shutil.copytree(recorded, tmp_path / "book"))
     rewrite(root / "book" / "_recorded" / "ch_a.ipynb", lambda nb: next(
         c for c in nb["cells"] if c["cell_type"] == "code").update(source="print('edited')"))
     st = recordings.status(root, "ch_a", accept_cpu=True)
-    assert st.state == "corrupt"
+    assert st.state == "stale"
     assert "its code cells are not the ones it was recorded with" in st.reason
+
+
+def test_an_edited_number_in_the_recorded_outputs_makes_it_stale(recorded, tmp_path):
+    """Tamper-evident: one line naming the chapter, the file and the cell."""
+    root = Path(shutil.copytree(recorded, tmp_path / "book"))
+    rec = root / "book" / "_recorded" / "ch_a.ipynb"
+    rec.write_text(rec.read_text().replace("answer 45", "answer 44"))
+    st = recordings.status(root, "ch_a", accept_cpu=True)
+    assert st.state == "stale" and "\n" not in st.message
+    assert st.message.startswith("chapter ch_a has no valid GPU recording: its recorded "
+                                 "outputs in book/_recorded/ch_a.ipynb (cell 3) are not")
+
+
+def test_an_edited_number_in_the_kept_data_makes_it_stale(recorded, tmp_path):
+    root = Path(shutil.copytree(recorded, tmp_path / "book"))
+    data = root / "book" / "_recorded" / "ch_a" / "data.json"
+    data.write_text(data.read_text().replace('"answer": 45', '"answer": 46'))
+    st = recordings.status(root, "ch_a", accept_cpu=True)
+    assert st.state == "stale" and "\n" not in st.message
+    assert "chapter ch_a" in st.message and "altered: data.json" in st.message
 
 
 def test_a_deeply_nested_recording_is_corrupt(recorded, tmp_path):
@@ -250,7 +272,7 @@ def test_a_deeply_nested_recording_is_corrupt(recorded, tmp_path):
 
 
 @pytest.mark.parametrize("change, said", [
-    (lambda art: shutil.rmtree(art), "missing: trace.json.gz"),
+    (lambda art: shutil.rmtree(art), "missing: data.json, trace.json.gz"),
     (lambda art: (art / "trace.json.gz").write_bytes(b"from a CPU build"),
      "altered: trace.json.gz"),
     (lambda art: (art / "extra.json.gz").write_bytes(b"left by an older recording"),
@@ -260,16 +282,25 @@ def test_artifacts_that_are_not_the_recordings_make_it_stale(recorded, tmp_path,
     root = Path(shutil.copytree(recorded, tmp_path / "book"))
     change(root / "book" / "_recorded" / "ch_a")
     st = recordings.status(root, "ch_a", accept_cpu=True)
-    assert st.state == "stale" and "its artifacts in book/_recorded/ch_a/" in st.reason
+    assert st.state == "stale" and "its files in book/_recorded/ch_a/" in st.reason
     assert said in st.reason and "python -m gpuinfer.publish.record ch_a" in st.message
 
 
-def test_a_recording_from_before_artifact_hashes_is_not_checked(recorded, tmp_path):
+@pytest.mark.parametrize("older", [
+    lambda meta: meta.pop("format"), lambda meta: meta.update(format=1),
+    lambda meta: meta.pop("outputs")])
+def test_a_recording_of_an_older_format_is_stale_never_trusted(recorded, tmp_path, older):
+    """Made before recordings hashed their outputs and data: one line, never fresh."""
     root = Path(shutil.copytree(recorded, tmp_path / "book"))
     rec = root / "book" / "_recorded" / "ch_a.ipynb"
-    rewrite(rec, lambda nb: nb["metadata"]["gpuinfer"].pop("artifacts"))
-    shutil.rmtree(root / "book" / "_recorded" / "ch_a")
-    assert recordings.status(root, "ch_a", accept_cpu=True).fresh
+    rewrite(rec, lambda nb: older(nb["metadata"]["gpuinfer"]))
+    st = recordings.status(root, "ch_a", accept_cpu=True)
+    assert st.state == "stale" and "\n" not in st.message, st.message
+    if "format" in json.loads(rec.read_text())["metadata"]["gpuinfer"] and \
+            json.loads(rec.read_text())["metadata"]["gpuinfer"]["format"] == 2:
+        assert "recorded outputs" in st.reason
+    else:
+        assert "an older format" in st.reason and "not trusted" in st.reason
 
 
 # --- which book is recorded ---------------------------------------------------------------
@@ -519,3 +550,17 @@ def test_a_dead_kernels_log_keeps_its_python_stack():
     assert said.startswith("Fatal Python error: Aborted") and 'line 9 in <module>' in said
     assert "Extension modules" not in said and "start-up" not in said
     assert dying_words("no fatal error\n" * 1000) == ("no fatal error\n" * 1000)[-4000:]
+
+
+def test_a_presentation_cell_that_touches_the_gpu_is_refused_before_running(capsys,
+                                                                            tmp_path):
+    root = copy_book(tmp_path / "book")
+    path = chapter_file(root, "ch_a")
+    path.write_text(path.read_text().replace("fig, ax = plt.subplots(figsize=(4, 2.5))",
+                                             "torch.cuda.synchronize()\nfig, ax = "
+                                             "plt.subplots(figsize=(4, 2.5))"))
+    assert record.main(["--root", str(root), "--allow-cpu", "ch_a"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: book/ch_a.md: presentation cell 4 uses "
+                          "torch.cuda.synchronize") and "\n" not in err, err
+    assert not (root / "book" / "_recorded").exists()

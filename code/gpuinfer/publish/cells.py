@@ -305,10 +305,22 @@ def kept_names(cells: list[Cell]) -> dict[int, dict[str, str]]:
 _CLOCKS = {"time", "timeit"}
 
 
+def _dotted(node) -> list[str] | None:
+    """['torch', 'cuda', 'synchronize'] for `torch.cuda.synchronize`; None if the chain
+    does not start at a name (`f().cuda`: then its last part alone counts)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id] + parts[::-1] if isinstance(node, ast.Name) else None
+
+
 def _touches(tree: ast.Module) -> list[str]:
     """What in a presentation cell's code would touch the GPU or a clock, in words."""
     found = []
-    for node in ast.walk(tree):
+    todo = [tree]
+    while todo:
+        node = todo.pop()
         if isinstance(node, ast.Import):
             found += [f"imports {a.name}" for a in node.names if denied(a.name)]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -317,16 +329,15 @@ def _touches(tree: ast.Module) -> list[str]:
             else:
                 found += [f"imports {node.module}.{a.name}" for a in node.names
                           if denied(f"{node.module}.{a.name}")]
-        elif isinstance(node, ast.Attribute):
-            if node.attr == "cuda":
+        elif isinstance(node, ast.Attribute):  # the whole chain, once
+            parts = _dotted(node) or ["", node.attr]
+            if "cuda" in parts[1:] or parts[0] in _CLOCKS or "profiler" in parts[1:]:
                 found.append(f"uses {ast.unparse(node)}")
-            elif (isinstance(node.value, ast.Name) and node.value.id in _CLOCKS):
-                found.append(f"uses {ast.unparse(node)}")
-            elif node.attr == "profiler" and isinstance(node.value, ast.Name):
-                found.append(f"uses {ast.unparse(node)}")
+                continue
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
                 (node.value == "cuda" or node.value.startswith("cuda:")):
             found.append(f"names the device {node.value!r}")
+        todo += reversed(list(ast.iter_child_nodes(node)))
     return list(dict.fromkeys(found))
 
 

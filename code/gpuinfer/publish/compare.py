@@ -1,10 +1,11 @@
 """Compare two recordings of a chapter, number by number:
 `python -m gpuinfer.publish.compare BASELINE.ipynb YOURS.ipynb`.
 
-Every number in a chapter's prose is glued from its run (myst_nb.glue), and the glued values
-are stored in the executed notebook. So the recording made on the book's H200 and one made
-on your GPU can be compared value by value, with the GPUs they came from, without reading
-either page.
+Every number in a chapter's prose is glued from its run (myst_nb.glue): by its measurement
+cells, whose outputs the recording holds, and by its presentation cells, which run here
+from the values the recording kept beside it (`<chapter>/data.json`, as the build runs
+them). So the recording made on the book's H200 and one made on your GPU can be compared
+value by value, with the GPUs they came from, without reading either page.
 """
 
 from __future__ import annotations
@@ -54,9 +55,25 @@ def provenance(path: Path | str) -> str:
             f"{meta.get('date', 'date unknown')}")
 
 
+def recording_values(path: Path | str) -> dict[str, str]:
+    """{name: text} of every value a recording's page glues: its measurement cells' from
+    the recording, its presentation cells' computed from the data kept beside it."""
+    import nbformat
+
+    from gpuinfer.publish.cells import is_presentation
+    from gpuinfer.publish.kept import DATA_FILE
+    from gpuinfer.publish.present import present
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    if any(is_presentation(c) for c in nb.cells if c.cell_type == "code"):
+        present(nb, path.with_suffix("") / DATA_FILE, path.parent, path.stem)
+    return glued_in(nb)
+
+
 def compare(baseline: Path | str, yours: Path | str) -> list[tuple[str, str, str, str]]:
     """Rows (name, baseline, yours, yours ÷ baseline) for every value glued by either."""
-    a, b = glued_values(baseline), glued_values(yours)
+    a, b = recording_values(baseline), recording_values(yours)
     rows = []
     for name in list(a) + [n for n in b if n not in a]:
         x, y = a.get(name, "–"), b.get(name, "–")
@@ -84,7 +101,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {path} is not a notebook ({exc}); give two recordings (.ipynb) "
                   "of one chapter", file=sys.stderr)
             return 2
-    rows = compare(args.baseline, args.yours)
+    from gpuinfer.publish.present import PresentationError
+
+    try:
+        rows = compare(args.baseline, args.yours)
+    except PresentationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"baseline: {args.baseline} ({provenance(args.baseline)})")
     print(f"yours:    {args.yours} ({provenance(args.yours)})\n")
     widths = [max(len(r[i]) for r in rows + [("value", "baseline", "yours", "ratio")])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import tempfile
 from pathlib import Path
 
 from gpuinfer.publish import cells as cellkinds
@@ -111,7 +112,7 @@ def present(nb, data_path: Path, cwd: Path, chapter: str) -> None:
         raise PresentationError(f"chapter {chapter}: {exc}") from None
     if broken:
         raise PresentationError(f"chapter {chapter}: {broken[0]}")
-    steps = plan(nb, Path(data_path))
+    steps = plan(nb, Path(data_path).resolve())  # the kernel runs in `cwd`
     if not steps:
         return
     run = nbformat.v4.new_notebook(cells=[cell for _, cell in steps],
@@ -119,8 +120,9 @@ def present(nb, data_path: Path, cwd: Path, chapter: str) -> None:
     client = NotebookClient(run, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(cwd)}})
     try:
-        with _no_cuda():
-            client.execute()
+        # the kernel's own start-up chatter is not the page's
+        with _no_cuda(), tempfile.TemporaryFile("w+", encoding="utf8") as kernel_log:
+            client.execute(stderr=kernel_log)
     except CellExecutionError as exc:
         failed = next((c for c in run.cells for o in c.get("outputs", [])
                        if o.get("output_type") == "error"), None)
@@ -137,3 +139,27 @@ def present(nb, data_path: Path, cwd: Path, chapter: str) -> None:
             nb.cells[index].execution_count = cell.get("execution_count")
     if "language_info" in run.metadata:
         nb.metadata.setdefault("language_info", run.metadata["language_info"])
+
+
+def page(nb, recorded, data_path: Path, cwd: Path, chapter: str):
+    """`nb` (the chapter as written today) as its page shows it, in place: the recorded
+    outputs of its measurement cells (from the notebook `recorded`, matched as parsed, so a
+    re-worded comment keeps its outputs) and the outputs of its presentation cells, run now
+    from the values kept in `data_path`. ValueError if the measurement cells are not the
+    recorded ones; PresentationError if a presentation cell fails."""
+    from gpuinfer.publish.hashes import cells_hashes
+
+    def measured(notebook):
+        return [c for c in notebook.cells
+                if c.cell_type == "code" and not cellkinds.is_presentation(c)]
+
+    cells, recorded_cells = measured(nb), measured(recorded)
+    if cells_hashes([c.source for c in cells]) != \
+            cells_hashes([c.source for c in recorded_cells]):
+        raise ValueError("its measurement cells differ from the chapter's")
+    for cell, rec in zip(cells, recorded_cells):
+        cell.outputs, cell.execution_count = rec.outputs, rec.execution_count
+    if "language_info" in recorded.metadata:  # the lexer of the code cells
+        nb.metadata["language_info"] = recorded.metadata["language_info"]
+    present(nb, data_path, cwd, chapter)
+    return nb

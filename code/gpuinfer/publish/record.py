@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                              "folder (the one with _toc.yml)")
         root = args.root.resolve() if args.root else find_root(Path.cwd())
         chosen = select_chapters(root, args.chapters)
+        check_cells(root, chosen)
         if args.recover:
             with hold_and_recover(book_chapters(root)):
                 log(f"book: {root}: nothing else to recover")
@@ -347,6 +348,20 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def check_cells(root: Path, chosen: dict[str, Path]) -> None:
+    """UsageError, naming the chapter and the cell, if a chosen chapter's cells break the
+    rules of gpuinfer.publish.cells: found here, before a kernel starts."""
+    for chapter, path in chosen.items():
+        try:
+            broken = cellkinds.problems(cellkinds.code_cells(book.read_chapter(path)))
+        except SyntaxError as exc:
+            broken = [str(exc)]
+        if broken:
+            shown = path.relative_to(root).as_posix()
+            raise UsageError(f"{shown}: {broken[0]}" + (
+                f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""))
 
 
 def record_all(root: Path, chosen: dict[str, Path], *, allow_cpu: bool) -> int:

@@ -105,33 +105,16 @@ def package_digest() -> str:
 
 
 def page_notebook(app, status: recordings.Status, path: Path):
-    """The chapter as its page shows it: today's cells, with the recording's outputs in
-    its measurement cells (matched as parsed, so a re-worded comment keeps its outputs)
-    and the outputs of its presentation cells run now from the recording's kept values
-    (gpuinfer.publish.present); PresentationError if one fails."""
+    """The chapter as its page shows it (gpuinfer.publish.present.page), read by myst-nb's
+    own reader; PresentationError if a presentation cell fails."""
     import nbformat
 
-    from gpuinfer.publish.cells import is_presentation
-    from gpuinfer.publish.hashes import cells_hashes
     from gpuinfer.publish.kept import DATA_FILE
-    from gpuinfer.publish.present import present
+    from gpuinfer.publish.present import page
 
-    nb = myst_nb_notebook(app, path)
     recorded = nbformat.reads(status.recording.read_text(encoding="utf8"), as_version=4)
-
-    def measured(notebook):
-        return [c for c in notebook.cells if c.cell_type == "code" and not is_presentation(c)]
-
-    cells, recorded_cells = measured(nb), measured(recorded)
-    if cells_hashes([c.source for c in cells]) != \
-            cells_hashes([c.source for c in recorded_cells]):
-        raise ValueError("its measurement cells differ from the chapter's")
-    for cell, rec in zip(cells, recorded_cells):
-        cell.outputs, cell.execution_count = rec.outputs, rec.execution_count
-    if "language_info" in recorded.metadata:  # the lexer of the code cells
-        nb.metadata["language_info"] = recorded.metadata["language_info"]
-    present(nb, book.artifacts_path(path) / DATA_FILE, path.parent, status.chapter)
-    return nb
+    return page(myst_nb_notebook(app, path), recorded, book.artifacts_path(path) / DATA_FILE,
+                path.parent, status.chapter)
 
 
 def seed(app, cache, status: recordings.Status, path: Path, digest_of_package: str):
@@ -281,8 +264,12 @@ def add_box(app, docname: str, source: list[str]) -> None:
     if status is None:
         return
     app.env.note_dependency(str(status.recording))  # a missing file: re-read every build
-    for module in status.modules:
-        app.env.note_dependency(str(PACKAGE_DIR / module))
+    folder = status.recording.with_suffix("")
+    for name in (status.provenance.get("artifacts") or {}):
+        app.env.note_dependency(str(folder / name))
+    # the presentation cells may call any of the package's code (the plots, the tables)
+    for module in sorted(PACKAGE_DIR.rglob("*.py")):
+        app.env.note_dependency(str(module))
     page_dir = Path(app.env.doc2path(docname)).parent
     source[0] = insert_after_title(source[0], box(status, page_dir))
 
