@@ -119,3 +119,39 @@ def test_batch_sweep_counts_compilations_and_stops_at_the_recompile_limit(small_
                                   mode=runners.V4, warmup=1, repeats=2)
     assert [(p.batch, p.compiled) for p in points] == [(1, 1), (2, 1)]
     assert note.startswith("batch 4 would have been recompiled past torch.compile's limit")
+
+
+def test_batch_sweep_times_a_reused_decoder_in_its_own_mode(small_model):
+    """A batch in `reuse` runs on the decoder given for it, in the mode given with it (no
+    new decoder, nothing compiled again); the other batches as before."""
+    decoder = runners.decoder_for(small_model, 1, 64, attention=sc.ATTENTION)
+    runners.generate(decoder, random_prompt(small_model.config, 8, seed=1), 4, runners.V4)
+    built = dict(decoder.__dict__["_gpuinfer_runners"])
+    points, note = sc.batch_sweep(small_model, [1, 2], prompt_len=8, mode=runners.V4,
+                                  warmup=1, repeats=2, reuse={1: (decoder, runners.V4)})
+    assert note == "" and [p.batch for p in points] == [1, 2]
+    assert [p.capacity for p in points] == [64, 64]  # capacity_for(8, 4) rounds up to 64
+    assert [p.mode for p in points] == [runners.V4.label] * 2
+    assert decoder.__dict__["_gpuinfer_runners"] == built  # its runner, reused
+    with pytest.raises(ValueError, match="decoder of batch 1"):
+        sc.batch_sweep(small_model, [2], prompt_len=8, mode=runners.V4, warmup=1,
+                       repeats=2, reuse={2: (decoder, runners.V4)})
+
+
+def test_stock_baselines_gives_each_variant_its_own_warmup(monkeypatch):
+    from gpuinfer.measure import stock
+
+    calls = []
+
+    def fake(config_name, *, variants, warmup, **kw):
+        calls.append((variants, warmup))
+        return stock.StockBaselines({variants[0]: stock.StockRun(variants[0])},
+                                    config_name, kw["prompt_len"], kw["new_tokens"],
+                                    kw["rounds"])
+
+    monkeypatch.setattr(stock, "stock_fresh", fake)
+    both = sc.stock_baselines("reduced", {"dynamic": 1, "static": 3}, prompt_len=8,
+                              new_tokens=4, rounds=3)
+    assert calls == [(("dynamic",), 1), (("static",), 3)]
+    assert list(both.runs) == ["dynamic", "static"] and both.rounds == 3
+    assert both["static"].label == stock.VARIANTS["static"]

@@ -6,10 +6,11 @@ and the decode step walked along the roofline by batch size.
 - Measured side by side: any generate function of ours, first called on its own
   (`first_call`: its compile time, tokens, peak memory, or the error that stopped it), then
   timed with the others in interleaved rounds (`timing.decode_rounds`); stock `generate()`
-  is timed in processes of its own
-  (`gpuinfer.measure.stock`); a profile of a whole generation (`profile_generate`).
+  is timed in processes of its own (`stock_baselines`, on `gpuinfer.measure.stock`); a
+  profile of a whole generation (`profile_generate`).
 - The batch roofline: `batch_sweep` times one step per batch size (the arithmetic of the
-  roofline is `gpuinfer.model.cost`'s).
+  roofline is `gpuinfer.model.cost`'s), on a decoder already built, compiled and captured
+  where one is given for that batch.
 """
 
 from __future__ import annotations
@@ -92,6 +93,23 @@ def first_call(name: str, generate: GenerateFn, prompt_ids: torch.Tensor, new_to
     return result
 
 
+def stock_baselines(config_name: str, warmups: dict[str, int], **kwargs
+                    ) -> "StockBaselines":
+    """`stock_fresh` for each variant of `warmups` (a key of `gpuinfer.measure.stock`'s
+    VARIANTS), each with its own number of warm-up generations after the first call, in
+    that order; the other arguments are stock_fresh's. generate() with its dynamic cache
+    compiles nothing, so its first call leaves little to warm; with the static cache it
+    compiles on its first decode step and may recompile once."""
+    from gpuinfer.measure.stock import StockBaselines, stock_fresh
+
+    runs = {}
+    for variant, warmup in warmups.items():
+        runs.update(stock_fresh(config_name, variants=(variant,), warmup=warmup,
+                                **kwargs).runs)
+    return StockBaselines(runs, config_name, kwargs["prompt_len"], kwargs["new_tokens"],
+                          kwargs.get("rounds", 5))
+
+
 def profile_generate(generate: GenerateFn, prompt_ids: torch.Tensor, new_tokens: int,
                      name: str = "generate") -> dict:
     """A trace of one generation, after a warm-up one, inside a range `name` that the
@@ -115,6 +133,8 @@ class BatchPoint:
     step: Timing
     cost: rl.Workload
     compiled: int = 0  # graphs torch.compile compiled for this batch (0: reused, or eager)
+    mode: str = ""  # the label of the mode the step ran in
+    capacity: int = 0  # the slots of the decoder's cache, all read by the attention
 
     @property
     def step_ms(self) -> float:
@@ -134,37 +154,48 @@ class BatchPoint:
 
 
 def batch_sweep(model: LlamaForCausalLM, batches: list[int], *, prompt_len: int,
-                mode: runners.Mode, warmup: int = 3, repeats: int = 20,
-                seed: int = 1) -> tuple[list[BatchPoint], str]:
+                mode: runners.Mode, warmup: int = 3, repeats: int = 20, seed: int = 1,
+                reuse: dict[int, tuple[StaticDecoder, runners.Mode]] | None = None
+                ) -> tuple[list[BatchPoint], str]:
     """Time one decode step of `model` at every batch size, run `mode`.
 
     Each batch gets its own decoder with a cache of just the slots the timed steps need, a
     prefill of a seeded random prompt, `warmup` untimed steps and `repeats` timed ones (each
     step advances the position, so the context grows by one per step: the cost is taken at
-    the mean context of the timed steps). Stops at the first batch that does not fit in
-    memory, or that torch.compile would recompile past its limit (where by default it
-    would quietly run the step uncompiled, timed as if compiled); returns the points and
-    a note saying where it stopped, if it did.
+    the mean context of the timed steps). A batch in `reuse` is timed instead on the
+    decoder given for it (of that batch, with room for the steps), run in the mode given
+    with it: one whose step is already compiled and captured costs no compilation again.
+    Stops at the first batch that does not fit in memory, or that torch.compile would
+    recompile past its limit (where by default it would quietly run the step uncompiled,
+    timed as if compiled); returns the points and a note saying where it stopped, if it
+    did.
     """
     shape, itemsize = ModelShape.of(model.config), model.lm_head.weight.element_size()
     dev = model.lm_head.weight.device
     capacity = capacity_for(prompt_len, warmup + repeats + 1)
     context = timed_context(prompt_len, warmup, repeats)
     points, note = [], ""
+    reuse = reuse or {}
     for batch in batches:
-        decoder = None
+        decoder, how = None, mode
         try:
-            with torch.no_grad():  # a decoder of its own, freed after its batch
-                decoder = StaticDecoder(model, batch, capacity, attention=ATTENTION)
+            if batch in reuse:
+                decoder, how = reuse[batch]
+                if decoder.batch != batch:
+                    raise ValueError(f"reuse[{batch}] is a decoder of batch {decoder.batch}")
+            else:
+                with torch.no_grad():  # a decoder of its own, freed after its batch
+                    decoder = StaticDecoder(model, batch, capacity, attention=ATTENTION)
             prompt = random_prompt(model.config, prompt_len, batch=batch, seed=seed,
                                    device=dev)
             graphs = counters["stats"]["unique_graphs"]
             # past its recompile limit torch.compile raises, instead of running the step
             # uncompiled and timed as if compiled
             with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-                timing = runners.step_timing(decoder, prompt, mode, warmup=warmup,
+                timing = runners.step_timing(decoder, prompt, how, warmup=warmup,
                                              repeats=repeats)
             compiled = counters["stats"]["unique_graphs"] - graphs
+            slots = decoder.capacity
         except torch.cuda.OutOfMemoryError:
             note = f"batch {batch} does not fit in memory: the sweep stops there"
             break
@@ -173,11 +204,11 @@ def batch_sweep(model: LlamaForCausalLM, batches: list[int], *, prompt_len: int,
                     f"of {torch._dynamo.config.recompile_limit}: the sweep stops there")
             break
         finally:
-            del decoder
+            del decoder  # this name only: a reused decoder lives on with its caller
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         cost = step_cost(shape, batch=batch, context=context, itemsize=itemsize)
-        points.append(BatchPoint(batch, timing, cost, compiled))
+        points.append(BatchPoint(batch, timing, cost, compiled, how.label, slots))
     return points, note
 
 
