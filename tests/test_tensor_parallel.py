@@ -1,6 +1,7 @@
 """The decode step split over processes (`decode.tensor_parallel`) and Chapter 7's
-experiments (`experiments.tensor_parallel`): on the CPU, two processes over gloo; on a
-GPU, the split in a group of one, with NCCL inside the compiled, graphed step."""
+experiments (`experiments.tensor_parallel`, `experiments.collectives`): on the CPU, two
+processes over gloo; on a GPU, the split in a group of one, with NCCL inside the compiled,
+graphed step."""
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from gpuinfer.decode import runners
 from gpuinfer.decode.static import StaticDecoder
 from gpuinfer.decode.tensor_parallel import (TensorParallelDecoder, check_split,
                                              rank_bytes, shard_weights)
-from gpuinfer.experiments import tensor_parallel as tp
+from gpuinfer.experiments import collectives as cl, tensor_parallel as tp
 from gpuinfer.model.configs import build_model, model_config, random_prompt
 from gpuinfer.model.llama import INT8, weights_of
 
@@ -78,10 +79,10 @@ def test_the_sweeps_time_every_key_and_predict_from_them():
 def test_tokens_by_ranks_and_the_all_reduce_sweep():
     tokens = tp.launch(2, tp.tokens_by_ranks, REDUCED, [1, 2], prompt_len=8, new_tokens=6)
     assert tokens[1] == tokens[2] and len(tokens[1]) == 6
-    sweep = tp.launch(2, tp.collective_sweep, [64, 1024], calls=2, rounds=2)
+    sweep = tp.launch(2, cl.collective_sweep, [64, 1024], calls=2, rounds=2)
     assert sweep.backend == ("nccl" if torch.cuda.is_available() else "gloo")
     assert sweep.ranks == 2
-    assert set(sweep.rounds.names) == {(m.name, n) for m in tp.methods_here()
+    assert set(sweep.rounds.names) == {(m.name, n) for m in cl.methods_here()
                                        for n in (64, 1024)}
     assert all(t > 0 for key in sweep.rounds.names for t in sweep.rounds.times_ms[key])
 
@@ -105,8 +106,8 @@ def test_uneven_splits_and_gpu_only_methods_are_refused():
         shard_weights(w.converted(INT8), None)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="runs on GPUs only"):
-            tp.collective_sweep([64], methods=[tp.ONE_SHOT])
-        assert tp.methods_here() == (tp.FUNCTIONAL,)
+            cl.collective_sweep([64], methods=[cl.ONE_SHOT])
+        assert cl.methods_here() == (cl.FUNCTIONAL,)
 
 
 @pytest.mark.gpu

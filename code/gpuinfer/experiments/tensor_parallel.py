@@ -1,14 +1,14 @@
 """Chapter 7's experiments: each runs in N processes, one a GPU (or, in smoke mode and the
 tests, N CPU processes over gloo), started from the chapter's cells by `launch`.
 
-- `collective_sweep`: the latency of an all-reduce against its message size, by method
-  (`METHODS`: the functional all-reduce the split step calls, NCCL on GPUs; PyTorch's
-  symmetric-memory one-shot all-reduce, on GPUs only), each timed stretch a CUDA graph of
-  back-to-back calls;
+- `launch`, `attempt`: the processes, one process group, rank 0's result; and the timed
+  rounds that every experiment shares (`_timed_rounds`);
 - `tokens_by_ranks`: the greedy tokens of one model split over each N, and unsplit;
 - `step_sweep`: the decode step of one model unsplit and split over each N, with the
   collectives that the split step runs, all in the same interleaved rounds, so that the
   prediction (`StepSweep.predicted_us`) is made from numbers of the same run.
+
+The all-reduce alone, by message size and method, is `experiments.collectives`.
 
 Every timing is taken on every rank taking part and the *shortest* kept: the rank that
 arrives last at a timed stretch waits for nobody at its start, so its time is the
@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import pickle
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -153,101 +153,6 @@ def _timed_rounds(calls: dict, members: dict, rounds: int, per_call: dict,
                 times[key].append(1e3 * float(shortest) / per_call[key])
     clock = "cuda-event" if torch.cuda.is_available() else "host"
     return Rounds({key: tuple(t) for key, t in times.items()}, clock)
-
-
-# ------------------------------------------------------------------------------------------
-# The collectives alone
-# ------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Method:
-    """A way to all-reduce a buffer: `prepare(buffer, group)` returns the function that
-    runs one all-reduce of it and returns the sum."""
-
-    name: str
-    prepare: Callable[[torch.Tensor, dist.ProcessGroup], Callable[[], object]]
-    gpu_only: bool = False
-
-
-def _functional(buffer: torch.Tensor, group: dist.ProcessGroup) -> Callable[[], object]:
-    return lambda: all_reduce(buffer, group)
-
-
-def _one_shot(buffer: torch.Tensor, group: dist.ProcessGroup) -> Callable[[], object]:
-    """PyTorch's symmetric-memory one-shot all-reduce: every rank's buffer is mapped into
-    every other's address space once (`rendezvous`), and one kernel on each GPU reads all
-    of them over NVLink and adds them up (no NVLink multicast)."""
-    from torch.distributed import _symmetric_memory as symm_mem
-
-    shared = symm_mem.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
-    symm_mem.rendezvous(shared, group.group_name)
-    shared.copy_(buffer)
-    return lambda: torch.ops.symm_mem.one_shot_all_reduce(shared, "sum", group.group_name)
-
-
-FUNCTIONAL = Method("all_reduce", _functional)  # the split step's: NCCL on GPUs
-ONE_SHOT = Method("one-shot (symmetric memory)", _one_shot, gpu_only=True)
-METHODS = (FUNCTIONAL, ONE_SHOT)
-
-
-def methods_here() -> tuple[Method, ...]:
-    """The methods that run on this machine: all of them on GPUs, the others on CPUs."""
-    return tuple(m for m in METHODS if torch.cuda.is_available() or not m.gpu_only)
-
-
-@dataclass(frozen=True)
-class CollectiveSweep:
-    """All-reduce latency by (method name, bytes), in µs per call, over `ranks` ranks;
-    `backend` is the process group's (nccl, gloo)."""
-
-    ranks: int
-    backend: str
-    rounds: Rounds  # keys: (method name, bytes)
-
-    @property
-    def methods(self) -> list[str]:
-        """The methods measured, in the order they ran."""
-        return list(dict.fromkeys(method for method, _ in self.rounds.names))
-
-    def median_us(self, method: str, nbytes: int) -> float:
-        return self.rounds[(method, nbytes)].median
-
-
-def collective_sweep(sizes: list[int], *, methods: Sequence[Method] | None = None,
-                     dtype: torch.dtype = torch.bfloat16, calls: int = 100,
-                     rounds: int = 10) -> CollectiveSweep:
-    """A worker for `launch`: every method (default: `methods_here()`) at every size in
-    bytes, in interleaved rounds, each timed stretch a graph of `calls` back-to-back
-    all-reduces (on the CPU, a loop of them)."""
-    methods = methods_here() if methods is None else methods
-    gpu_only = [m.name for m in methods if m.gpu_only and not torch.cuda.is_available()]
-    if gpu_only:
-        raise ValueError(f"{', '.join(gpu_only)} runs on GPUs only, and there is no CUDA "
-                         "device here: leave it out (methods_here() lists what runs)")
-    group, ranks, device = dist.group.WORLD, dist.get_world_size(), _device()
-    calls_by_key = {}
-    for method in methods:
-        _check_sum(method, group, dtype)
-        for nbytes in sizes:
-            buffer = torch.randn(nbytes // dtype.itemsize, device=device).to(dtype)
-            calls_by_key[(method.name, nbytes)] = _replays(method.prepare(buffer, group),
-                                                           calls)
-    timed = _timed_rounds(calls_by_key, dict.fromkeys(calls_by_key, ranks), rounds,
-                          dict.fromkeys(calls_by_key, calls))
-    return CollectiveSweep(ranks, dist.get_backend(), timed)
-
-
-def _check_sum(method: Method, group: dist.ProcessGroup, dtype: torch.dtype) -> None:
-    """Raise unless `method` sums: rank r gives r + 1 everywhere, and every rank must get
-    1 + 2 + ... + N (small integers, exact in any dtype). A timing of a wrong all-reduce
-    would be a timing of nothing in particular."""
-    ranks, rank = dist.get_world_size(group), dist.get_rank(group)
-    mine = torch.full((1024,), rank + 1.0, dtype=dtype, device=_device())
-    got = method.prepare(mine, group)()
-    expected = ranks * (ranks + 1) / 2
-    if not torch.equal(got, torch.full_like(mine, expected)):
-        raise RuntimeError(f"{method.name}: the all-reduce of {ranks} ranks gave "
-                           f"{got.unique().tolist()[:4]}, not {expected} everywhere")
 
 
 # ------------------------------------------------------------------------------------------
