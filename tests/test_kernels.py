@@ -552,3 +552,47 @@ def test_pdl_chain_in_a_cuda_graph():
     for w in ws:
         ref = gemv_reference(w, ref)
     assert rel_err(bufs[-1], ref) <= 2e-2
+
+
+# Without TRITON_INTERPRET too: kernels compiled ahead, in parallel, for sm_90, then
+# launched (as compilations again, under aot.compile_only), compile nothing more.
+AHEAD_SCRIPT = """
+import torch, triton
+from gpuinfer.kernels import aot
+from gpuinfer.kernels.common import compile_ahead
+from gpuinfer.kernels.embed_head import embed
+from gpuinfer.kernels.gemv import GemvConfig, gemv
+t = lambda *shape, dt=torch.bfloat16: torch.empty(shape, dtype=dt)
+x, w, out = t(256), t(64, 256), t(64)
+def launches():
+    embed(t(64, 256), t(8, dt=torch.long), t(1, dt=torch.long), x, pdl=True)
+    for c in (GemvConfig(8, 256, 1, 4), GemvConfig(16, 256, 1, 4), GemvConfig(8, 256, 1, 4)):
+        gemv(w, x, out, config=c, pdl=True)
+compiles = []
+triton.knobs.runtime.jit_post_compile_hook = lambda *a, **k: compiles.append(1)
+with aot.compile_only(90) as launched:
+    ahead = compile_ahead(launches)
+    print("ahead", ahead, len(compiles), len(launched))
+    compiles.clear()
+    launches()
+    print("then", len(compiles), len(launched))
+    def broken():
+        gemv(w, x, out, config=GemvConfig(32, 256, 1, 4), pdl=True)
+        raise RuntimeError("a launcher that fails")
+    print("failing", compile_ahead(broken))
+"""
+
+
+def test_kernels_compiled_ahead_are_not_compiled_again():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = Path(__file__).resolve().parent.parent / "code"
+    env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", AHEAD_SCRIPT], env=env, check=False,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == 0, out
+    # three kernels (a gemv tiling twice), compiled ahead; no launch ran while compiling
+    assert "ahead 3 3 0" in out, out
+    assert "then 0 4" in out, out  # launched now, compiled before
+    # a launcher that raises: a warning, and its launches compile when they run
+    assert "failing 0" in out and "not compiled ahead (RuntimeError" in out, out

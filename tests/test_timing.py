@@ -155,3 +155,23 @@ def test_decode_rounds_subtract_the_first_token(monkeypatch):
     per_token, ttft = decode_rounds({"fake": fake}, None, 11, rounds=3)
     assert per_token["fake"].median == pytest.approx(2.0)
     assert ttft["fake"].median == pytest.approx(10.0)
+
+
+def test_time_call_and_graphed_without_cuda():
+    """Without CUDA: the host clock, and no graph (the call itself)."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU path")
+    calls = []
+    fn = timing.graphed(lambda: calls.append(1), keep=None)
+    assert timing.time_call(fn) >= 0 and calls == [1]
+
+
+@pytest.mark.gpu
+def test_graphed_replays_and_holds_what_it_reads():
+    x = torch.zeros(4, device="cuda")
+    replay = timing.graphed(lambda: x.add_(1), keep=x)
+    x.zero_()  # the capture's warm-up ran it: count replays only
+    replay()
+    replay()
+    torch.cuda.synchronize()
+    assert replay.buffers is x and x.tolist() == [2.0] * 4

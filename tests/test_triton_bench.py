@@ -53,6 +53,7 @@ def eager_compile(monkeypatch, compiled_shapes):
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(
         fn, backend=backend, dynamic=kw["dynamic"]))
+    monkeypatch.setattr(tb, "_COMPILED", {})  # compiled anew, with this backend
     torch._dynamo.reset()
 
 
@@ -145,6 +146,57 @@ def test_gemv_chain_by_inductor_computes_the_products(monkeypatch, weights):
     if DEVICE == "cpu":
         assert seen == [(128, 64), (64, 64), (256, 64), (64, 128)] * 2 + [(256, 64)]
     assert len(compiled_shapes) == 4  # one compilation per distinct shape
+
+
+def test_inductor_products_compile_a_shape_once_for_every_measurement(monkeypatch):
+    """The per-matrix products and the step's chain share Inductor's compilations: a
+    shape compiled for one is not compiled again for the other."""
+    from gpuinfer.decode.triton_step import TritonDecoder
+
+    compiled_shapes = []
+    eager_compile(monkeypatch, compiled_shapes)
+    decoder = TritonDecoder(tiny_bf16_llama(), capacity=16)
+    for n, k in tb.step_matrices(decoder).values():
+        tb.gemv_variants(n, k, ("Inductor",), device=DEVICE)
+    compiled = len(compiled_shapes)
+    tb.gemv_chain(decoder, "Inductor")()
+    torch._dynamo.reset()
+    assert compiled == 4 and len(compiled_shapes) == 4  # no second compilation
+
+
+def test_replays_from_start_every_call_at_its_slot():
+    from gpuinfer.decode.triton_step import TritonDecoder
+
+    decoder = TritonDecoder(tiny_bf16_llama(), capacity=16)
+    steps = tb.replays_from(decoder, 5, 3)
+    for _ in range(2):
+        steps()
+        assert int(decoder.pos) == 8  # three steps from slot 5, both times
+    with pytest.raises(ValueError, match="pass the cache's 16 slots"):
+        tb.replays_from(decoder, 10, 6)
+
+
+def test_steps_trace_keeps_what_the_step_figure_draws():
+    from gpuinfer.report.trace import step_kernels
+
+    def event(name, cat, ts, dur, tid, **args):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1,
+                "tid": tid, "args": args}
+
+    trace = {"traceEvents": [], "deviceProperties": [{"name": "a GPU"}]}
+    for s in range(4):  # four steps, a graph launch each, two kernels each
+        t = 100.0 * s
+        trace["traceEvents"] += [
+            event("decode_step", "user_annotation", t, 50, 1),
+            event("cpu work", "cpu_op", t + 1, 5, 1),
+            event("cudaGraphLaunch", "cuda_runtime", t + 2, 3, 1, correlation=s),
+            event(f"k{s}a", "kernel", t + 10, 20, 7, correlation=s, grid=[1, 1, 1]),
+            event(f"k{s}b", "kernel", t + 31, 20, 7, correlation=s, grid=[1, 1, 1])]
+    small = tb.steps_trace(trace, steps=3)
+    assert len(small["traceEvents"]) == 3 * 4  # no CPU ops, no fourth step
+    for step in (1, 2, 3):
+        assert step_kernels(small, step) == step_kernels(trace, step)
+    assert all(set(e["args"]) <= {"correlation"} for e in small["traceEvents"])
 
 
 def test_row_tiling_counts_the_paired_matrices_in_rows():

@@ -324,3 +324,18 @@ def test_a_step_captured_after_a_prefill_keeps_it(pdl):
         want = eager.step_logits(sequence[0, pos])
         got = graphed.step_logits(sequence[0, pos], graph=True)
         torch.testing.assert_close(got, want)
+
+
+def test_the_steps_kernels_are_compiled_once_all_at_once(fp32_model, monkeypatch):
+    """A compiled step's first call compiles its kernels together (`compile_ahead`),
+    once; interpreted there is nothing to compile."""
+    import gpuinfer.decode.triton_step as ts
+
+    decoder = TritonDecoder(fp32_model, capacity=16)
+    assert decoder.compiled == (not decoder.on_gpu)
+    calls = []
+    monkeypatch.setattr(ts, "compile_ahead", calls.append)
+    decoder.compiled = False  # as on a GPU, before the first step
+    decoder.generate(prompt_of(5), 3)
+    decoder.step_function()
+    assert calls == [decoder.decode_step]

@@ -41,7 +41,7 @@ import triton
 
 from gpuinfer.decode.interface import check_prompt, generate, graphed_step
 from gpuinfer.kernels.attention import AttentionWorkspace, decode_attention
-from gpuinfer.kernels.common import INTERPRETED, Workspace, pdl_supported
+from gpuinfer.kernels.common import INTERPRETED, Workspace, compile_ahead, pdl_supported
 from gpuinfer.kernels.embed_head import ArgmaxWorkspace, embed, lm_head_argmax
 from gpuinfer.kernels.gemv import GemvConfig, gemv, gemv_silu
 from gpuinfer.kernels.qkv_rope import qkv_rope
@@ -131,6 +131,7 @@ class TritonDecoder:
         self.argmax_workspace = ArgmaxWorkspace(
             dev, triton.cdiv(vocab, self.configs["lm_head"].block_n))
         self.graph: Callable[[], None] | None = None  # the captured step's replay
+        self.compiled = not self.on_gpu  # the step's kernels compiled (`compile`)
 
     def _fit(self, config: GemvConfig, k: int) -> GemvConfig:
         split_k = config.split_k if self.inline_reduce else 1  # needs the last program
@@ -187,8 +188,17 @@ class TritonDecoder:
         self.graph = graphed_step(self, warmup=warmup)
         return self.graph
 
+    def compile(self) -> None:
+        """Compile the step's kernels, all at once, in parallel (`kernels.common.
+        compile_ahead`), if they are not yet: otherwise the step's first call would
+        compile them one after another. The step's own calls do it first."""
+        if not self.compiled:
+            compile_ahead(self.decode_step)
+            self.compiled = True
+
     def step_function(self, graph: bool | None = None):
         """The per-token call: the captured step's replay (default on a GPU), or not."""
+        self.compile()
         if graph is None:
             graph = self.on_gpu
         if not graph:

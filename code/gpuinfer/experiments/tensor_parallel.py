@@ -33,9 +33,8 @@ from gpuinfer.decode.tensor_parallel import (TensorParallelDecoder, all_gather_l
                                              all_reduce, rank_bytes)
 from gpuinfer.env import scratch_dir
 from gpuinfer.experiments.scale import ATTENTION
-# Chapter 5's graph of a call that keeps what the graph reads (belongs in measure.timing).
-from gpuinfer.experiments.triton_bench import _graphed as graphed
-from gpuinfer.measure.timing import Rounds, _time_call
+from gpuinfer.measure.timing import Rounds, graphed
+from gpuinfer.measure.timing import time_call as _time_call
 from gpuinfer.model.configs import build_model, random_prompt
 
 # Llama-3.1-8B's shape, as overrides of the 1B config (its vocabulary, rotary base and

@@ -9,11 +9,15 @@
 - `gemv_chain`: every matrix-vector product of a decode step, chained in one CUDA graph,
   ours (with or without programmatic dependent launch), cuBLAS's or Inductor's;
 - `attention_us`: decode attention over a context, our split-KV kernel or
-  `F.scaled_dot_product_attention`.
+  `F.scaled_dot_product_attention`;
+- `replays_from`: a decoder's captured step replayed back to back from a given slot of
+  its cache, to be timed in interleaved rounds;
+- `steps_trace`: the part of a profiler trace that a figure of a step's kernels needs.
 
 All run from CUDA graphs, so that what is measured is the kernels, not their launches
 from Python: a product as a replay of many calls over rotated copies, the chain as one
-replay per call.
+replay per call. Inductor's products are compiled once per matrix shape in a process, and
+shared by every measurement that runs them.
 """
 
 from __future__ import annotations
@@ -25,12 +29,12 @@ import torch
 import torch.nn.functional as F
 
 from gpuinfer.kernels.attention import AttentionWorkspace, decode_attention
-from gpuinfer.kernels.common import Workspace
+from gpuinfer.kernels.common import Workspace, compile_ahead
 from gpuinfer.kernels.gemv import GemvConfig, gemv
 from gpuinfer.kernels.quant import Int8Matrix
 from gpuinfer.kernels.tiling import PAIRED
 from gpuinfer.model.llama import AS_STORED, WeightFormat
-from gpuinfer.measure.timing import benchmark, benchmark_graph, capture_graph, fresh_inputs
+from gpuinfer.measure.timing import benchmark, benchmark_graph, fresh_inputs, graphed
 
 IMPLS = ("ours", "cuBLAS", "Inductor")
 RECOMPILE_LIMIT = 64  # matrix shapes Inductor's product may compile for, each its own
@@ -56,13 +60,23 @@ def weight_only_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor):
     return F.linear(x, q.to(x.dtype)) * scale
 
 
+_COMPILED: dict[str, Callable] = {}  # inductor_linear's compiled functions, made once
+
+
 def inductor_linear() -> Callable:
     """fn(x, w): x @ W^T by the kernels Inductor generates, compiled once per matrix
     shape (`dynamic=False`, as a decode step's shapes are fixed: otherwise the second
     shape would recompile for symbolic sizes, and every later shape would run that
-    generic kernel), for a BF16 matrix or an Int8Matrix."""
-    dense = torch.compile(dense_linear, dynamic=False, options=INDUCTOR_OPTIONS)
-    int8 = torch.compile(weight_only_int8, dynamic=False, options=INDUCTOR_OPTIONS)
+    generic kernel), for a BF16 matrix or an Int8Matrix. Every fn of a process shares
+    the compiled functions, so a shape compiled for one measurement (a product alone,
+    with coordinate-descent tuning: seconds a shape) runs the same kernel in the next
+    (the step's chain) without compiling it again."""
+    if not _COMPILED:
+        _COMPILED["dense"] = torch.compile(dense_linear, dynamic=False,
+                                           options=INDUCTOR_OPTIONS)
+        _COMPILED["int8"] = torch.compile(weight_only_int8, dynamic=False,
+                                          options=INDUCTOR_OPTIONS)
+    dense, int8 = _COMPILED["dense"], _COMPILED["int8"]
 
     def linear(x, w):
         # one compilation per shape: past the default limit (8) torch would fall back to
@@ -99,21 +113,6 @@ def _product(impl: str, x: torch.Tensor, n: int, config: GemvConfig, pdl: bool):
     raise ValueError(f"impl={impl!r}: one of {IMPLS}")
 
 
-def _graphed(fn: Callable[[], object], keep: object) -> Callable[[], None]:
-    """fn captured in a CUDA graph (on a GPU): a call replays it. `keep` is what the
-    graph reads and writes at the addresses it captured; the replay holds it, since
-    graph.replay alone would not, and freed buffers would be reused under the graph."""
-    if not torch.cuda.is_available():
-        return fn
-    graph, _ = capture_graph(fn, warmup=1)
-
-    def replay():
-        graph.replay()
-
-    replay.buffers = keep
-    return replay
-
-
 def gemv_variants(n: int, k: int, impls=IMPLS, *, dtype=torch.bfloat16, device="cuda",
                   config: GemvConfig = GemvConfig(8, 2048, 1, 8), pdl: bool = False,
                   weights: WeightFormat = AS_STORED) -> tuple[dict, int]:
@@ -141,7 +140,7 @@ def gemv_variants(n: int, k: int, impls=IMPLS, *, dtype=torch.bfloat16, device="
                 fn(*weights[i % len(weights)])
 
         calls_in_a_row()  # compiles (Inductor), outside the graph and the timing
-        fns[impl] = _graphed(calls_in_a_row, (weights, x))
+        fns[impl] = graphed(calls_in_a_row, (weights, x))
     return fns, stored * calls
 
 
@@ -211,9 +210,11 @@ def gemv_chain(decoder, impl: str, *, pdl: bool = False,
         chain()  # compiles, one shape at a time, outside the graph
     else:
         raise ValueError(f"impl={impl!r}: one of {IMPLS}")
+    if impl == "ours":
+        compile_ahead(chain)  # its kernels at once, in parallel (on a GPU)
     if dev.type != "cuda":
         return chain
-    return _graphed(chain, chain)  # the closure holds xs, outs and the workspace
+    return graphed(chain, chain)  # the closure holds xs, outs and the workspace
 
 
 def attention_us(kv_heads: int, group: int, head_dim: int, context: int, impl: str, *,
@@ -248,3 +249,44 @@ def attention_us(kv_heads: int, group: int, head_dim: int, context: int, impl: s
     if not torch.cuda.is_available():
         return benchmark(fn, inputs=caches, warmup=1, repeats=3).median * 1e3
     return benchmark_graph(fn, calls=max(len(caches), 8), inputs=caches).median * 1e3
+
+
+def replays_from(decoder, slot: int, replays: int) -> Callable[[], None]:
+    """fn(): `decoder`'s position set to `slot`, then `replays` steps of it (its captured
+    graph's replays, on a GPU) back to back, each writing the next slot of the cache:
+    every call starts from the same context. What the cache holds does not change a
+    step's time. Time it in interleaved rounds with per_call=replays, for one step's
+    time at a context of about `slot` (`timing.interleaved_rounds`)."""
+    if slot + replays >= decoder.capacity:
+        raise ValueError(f"{replays} steps from slot {slot} pass the cache's "
+                         f"{decoder.capacity} slots")
+    step = decoder.step_function()
+
+    def steps():
+        decoder.pos.fill_(slot)
+        for _ in range(replays):
+            step()
+    return steps
+
+
+def steps_trace(trace: dict, steps: int = 3) -> dict:
+    """The first `steps` decode steps of a profiler trace (`report.trace.step_work`), with
+    only what drawing their GPU work needs (`report.traceplot.plot_step_kernels`): each
+    step's range, the CUDA calls made in it, the GPU work they launched, every event's
+    arguments cut to its correlation id. Tens of kilobytes, where the whole trace is
+    hundreds: small enough to keep for a chapter's presentation cells."""
+    from gpuinfer.report.trace import Ranges, step_work
+
+    work = step_work(trace)
+    kept = work.steps[:steps]
+    in_kept = Ranges(kept)
+    api = [e for e in work.api if in_kept.holding(e)]
+    launched = {e.correlation for e in api}
+    gpu = [e for e in work.gpu if e.correlation in launched]
+
+    def raw(e, args):
+        return {"ph": "X", "cat": e.cat, "name": e.name, "ts": e.ts, "dur": e.dur,
+                "pid": e.pid, "tid": e.tid, "args": args}
+
+    return {"traceEvents": [raw(e, {}) for e in kept]
+            + [raw(e, {"correlation": e.correlation}) for e in api + gpu]}

@@ -11,6 +11,10 @@ may be on.
 
 from __future__ import annotations
 
+import os
+import warnings
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -31,6 +35,50 @@ def launch_options(num_warps: int, num_stages: int, pdl: bool) -> dict:
     stream serialization attribute, which CUDA-graph capture keeps as a programmatic
     edge. The interpreter ignores all three."""
     return {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": pdl}
+
+
+COMPILE_THREADS = 16  # kernels compiled at once by `compile_ahead`
+
+
+def compile_ahead(fn: Callable[[], object], threads: int | None = None) -> int:
+    """Compile every kernel that `fn` launches, all at once, without running any: inside,
+    a launch hands its kernel's compilation to a pool of threads (Triton's
+    AsyncCompileMode: its passes and ptxas let go of the GIL) instead of running it; on
+    return the kernels sit in their JIT caches, where fn's own launches find them. fn
+    must do nothing but launch kernels (a decode step: it reads no host value), since
+    none of them runs. Returns how many kernels were compiled. Interpreted, there is
+    nothing to compile and fn is not called. A kernel that fails to compile here is
+    compiled again, and fails with its own error, when it is launched."""
+    if INTERPRETED:
+        return 0
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime._async_compile import AsyncCompileMode
+    from triton.runtime.jit import JITFunction
+
+    own = JITFunction.__dict__.get("__getitem__")  # aot.compile_only's, say
+
+    def compile_only(self, grid):
+        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=True, **kwargs)
+
+    threads = threads or min(COMPILE_THREADS, os.cpu_count() or 1)
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            mode = AsyncCompileMode(pool, ignore_errors=True)
+            JITFunction.__getitem__ = compile_only
+            try:
+                with mode:
+                    fn()
+            finally:
+                if own is None:
+                    del JITFunction.__getitem__
+                else:
+                    JITFunction.__getitem__ = own
+    except Exception as err:  # noqa: BLE001 - the launches compile them one by one
+        warnings.warn(f"kernels not compiled ahead ({type(err).__name__}: {err}); they "
+                      "compile when first launched", stacklevel=2)
+        return 0
+    return sum(f.kernel is not None for f in mode.future_kernels.values())
 
 
 def check_pow2(**values: int) -> None:

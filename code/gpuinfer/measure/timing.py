@@ -178,6 +178,20 @@ def benchmark_graph(
     return Timing(tuple(t / calls for t in per_replay.times_ms), "cuda-graph")
 
 
+def graphed(fn: Callable[[], object], keep: object) -> Callable[[], None]:
+    """fn captured in a CUDA graph (no CUDA: fn itself); a call replays it. The replay
+    holds `keep`, what the graph reads and writes: freed, it would be reused under it."""
+    if not torch.cuda.is_available():
+        return fn
+    graph, _ = capture_graph(fn, warmup=1)
+
+    def replay():
+        graph.replay()
+
+    replay.buffers = keep
+    return replay
+
+
 def wall_seconds(fn: Callable[[], object]) -> tuple[object, float]:
     """fn() and its wall-clock seconds, its GPU work included: the device is drained before
     and after (for a compile time, or a first call that compiles)."""
@@ -201,7 +215,7 @@ def fresh_inputs(make: Callable[[], tuple], bytes_per_set: int, *,
 # ------------------------------------------------------------------------------------------
 
 
-def _time_call(fn: Callable[[], object]) -> float:
+def time_call(fn: Callable[[], object]) -> float:
     """Milliseconds of one call of fn, its GPU work included (CUDA events, then a sync)."""
     if not torch.cuda.is_available():
         t0 = time.perf_counter()
@@ -265,7 +279,7 @@ def interleaved_rounds(fns: dict[Hashable, Callable[[], object]], *, rounds: int
     for r in range(rounds):
         k = r % len(names)
         for name in names[k:] + names[:k]:
-            times[name].append(_time_call(fns[name]) / per_call)
+            times[name].append(time_call(fns[name]) / per_call)
     clock = "cuda-event" if torch.cuda.is_available() else "host"
     return Rounds({name: tuple(t) for name, t in times.items()}, clock)
 
