@@ -235,7 +235,7 @@ class _Walk:
 
 
 @functools.lru_cache(maxsize=None)
-def _cell_code(source: str) -> Code:
+def cell_code(source: str) -> Code:
     tree = _cell_tree(source)
     return code_of(tree.body) if tree is not None else NOTHING
 
@@ -245,7 +245,7 @@ def reach(cell_sources: list[str], shown: list[tuple[str, str | None]] = (),
     """The units the measurement cells (their sources, in order) and the page's
     literalincludes (`shown`) reach, with why each counts."""
     walk = _Walk(TreeSources() if sources is None else sources)
-    codes = [_cell_code(source) for source in cell_sources]
+    codes = [cell_code(source) for source in cell_sources]
     bindings = {name: path for code in codes for name, path in code.bindings}  # one kernel
     for number, code in enumerate(codes, 1):
         walk.todo.append((code, None, f"measurement cell {number}", bindings))
