@@ -69,7 +69,8 @@ def history(tmp_path_factory):
         ("reached", {"code/gpuinfer/a.py": A.replace("x + 1", "x + 2")}),
         ("comment", {"book/one.md": one.replace("one more", "plus one")}),
         ("cell", {"book/two.md": two.replace("g()", "g() + 1")}),
-        ("presentation", {"book/one.md": one.replace("one more", "plus one") + PRESENTATION}),
+        ("presentation", {"book/one.md": one.replace("one more", "plus one")
+                          + PRESENTATION}),
         ("new chapter", {"_toc.yml": TOC + "- file: book/three\n",
                          "book/three.md": FRONT.format(title="Three", code=TWO)}),
     ]
