@@ -148,16 +148,20 @@ def test_imports_in_a_function_body_count_when_it_is_reached(package):
     assert "c.py::bottom" in found and "sub/d.py" not in found
 
 
-@pytest.mark.parametrize("body", [
-    "import importlib\n\ndef load(name):\n    return importlib.import_module(name)\n",
-    "def load(name):\n    return globals()[name]\n",
-    "from gpuinfer import c\n\ndef load(name):\n    return getattr(c, name)\n",
+@pytest.mark.parametrize("body, looked_in_c", [
+    ("import importlib\n\ndef load(name):\n    return importlib.import_module(name)\n",
+     False),
+    ("def load(name):\n    return globals()[name]\n", False),
+    ("import sys\n\ndef load(name):\n    return sys.modules[name]\n", False),
+    ("from gpuinfer import c\n\ndef load(name):\n    return getattr(c, name)\n", True),
+    ("from gpuinfer import c\n\ndef load(name):\n    return vars(c)[name]\n", True),
+    ("from gpuinfer.c import *\n\ndef load(name):\n    return bottom\n", True),
 ])
-def test_a_name_looked_up_by_string_counts_the_whole_module(package, body):
+def test_a_name_looked_up_by_string_counts_the_whole_module(package, body, looked_in_c):
     sources = Edited(package, {"dyn.py": body + "\n\ndef spare():\n    return 1\n"})
     found = defs(sources, "from gpuinfer.dyn import load\nload('x')")
     assert "dyn.py::spare" in found
-    assert ("c.py::other" in found) == ("getattr(c" in body)  # the object's module too
+    assert ("c.py::other" in found) == looked_in_c  # the object's module too
 
 
 def test_a_constant_attribute_name_in_getattr_is_an_attribute(package):

@@ -28,10 +28,11 @@ What is reached, starting from the names the cells use:
   statements use too (`MODES = {"V4": run_v4}` reaches `run_v4`). Annotations do not run
   and are not followed (the unit's hash still covers them). A name is looked up at module
   level even where a local variable shadows it: more is reached, never less;
-- a name looked up by string (`importlib.import_module`, `__import__`, `globals()`,
-  `vars()`, `eval`, `exec`, `getattr` with a computed name, `from m import *`) cannot be
-  followed: the **whole module** whose code does it counts (every unit, and what they
-  reach), and so does the object's module when the object is a package module;
+- a name looked up by string (`importlib.import_module`, `__import__`, `sys.modules`,
+  `globals()`, `vars()`, `eval`, `exec`, `getattr` with a computed name, `from m import
+  *`) cannot be followed: the **whole module** whose code does it counts (every unit, and
+  what they reach), and so does the object's module where the object is a package module
+  (`getattr(ceilings, name)`, `vars(ceilings)`, the module of `from m import *`);
 - a string in reached code that names a package module (`"gpuinfer.measure.stock"` in
   `[sys.executable, "-m", "gpuinfer.measure.stock"]`, an `import_module` argument) reaches
   that whole module: it runs as a subprocess entry point or is imported by name;
@@ -41,7 +42,9 @@ What is reached, starting from the names the cells use:
   it beside the recorded numbers.
 
 So a function no measurement cell reaches can be added or changed freely, and a method's
-change stales whoever reaches its class. Not followed: the decorators, defaults and class
+change stales whoever reaches its class. `reach` also says why each unit counts (`why`:
+'measurement cell 3 -> measure/timing.py::benchmark -> env.py::sync'), and `changed`
+which units differ between two `definitions`, for the messages of a stale recording. Not followed: the decorators, defaults and class
 bodies of definitions nothing reaches, though they run at import (the package registers
 nothing that way), and code outside the package (torch's own changes are in the recorded
 provenance, not here). The analysis reads only the parse tree (never `ast.dump` or

@@ -90,9 +90,9 @@ def code_of(nodes: list, module: str | None = None, is_package: bool = False) ->
         if isinstance(node, ast.ImportFrom):
             base = _absolute(node, module, is_package)
             for a in node.names if base else ():
-                if a.name == "*":
+                if a.name == "*":  # names unknown here: this module and that one whole
                     dynamic = True
-                    looked_in.add(tuple(base.split(".")))
+                    named.add(base)
                     imported.append(base)
                     continue
                 imported += [base, f"{base}.{a.name}"]
