@@ -175,19 +175,6 @@ def test_chapter_names_resolve_by_stem_path_or_prefix():
 
 # --- what a chapter's recording depends on -------------------------------------------------
 
-def test_package_modules_are_followed_through_imports(tmp_path):
-    pkg = tmp_path / "gpuinfer"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from . import b\n")
-    (pkg / "b.py").write_text("def f():\n    from .c import g\n")
-    (pkg / "c.py").write_text("import os\n")
-    (pkg / "unused.py").write_text("")
-    code = ["%matplotlib inline\nimport gpuinfer.a as a", "from gpuinfer import c"]
-    assert hashes.imported_modules(code, pkg) == ["__init__.py", "a.py", "b.py", "c.py"]
-    assert hashes.imported_modules(["import numpy"], pkg) == ["__init__.py"]
-
-
 def test_status_of_a_missing_and_a_corrupt_recording(tmp_path):
     root = copy_book(tmp_path / "book")
     st = recordings.status(root, "ch_b")
@@ -346,19 +333,22 @@ def test_no_scratch_folder_is_left_and_stale_ones_are_removed(tmp_path, monkeypa
 def test_cpu_recording_is_labelled_smoke_and_rejected(recorded):
     meta = read_provenance(recorded / "book" / "_recorded" / "ch_a.ipynb")
     assert meta["smoke"] is True and meta["gpu"] is None
-    assert meta["modules"].keys() == {  # what ch_a imports, nothing else
-        "__init__.py", "env.py", "measure/__init__.py", "measure/timing.py",
-        "report/__init__.py", "report/plots.py", "report/results.py"}
+    # what ch_a's measurement cells reach: artifact_dir and what it calls, and the
+    # statements of the modules imported on the way; not the plots its presentation uses
+    assert set(meta["definitions"]) == {
+        "__init__.py", "env.py", "env.py::artifact_dir", "env.py::_artifact_scratch",
+        "env.py::scratch_dir", "env.py::remove_stale_scratch", "env.py::_alive"}
     st = recordings.status(recorded, "ch_a")
     assert st.state == "cpu" and "CPU smoke recording" in st.message
     assert "python -m gpuinfer.publish.record ch_a" in st.message
     assert recordings.status(recorded, "ch_a", accept_cpu=True).fresh
     # the JSON trace the chapter wrote is kept beside the recording, gzipped, and hashed
     assert (recorded / "book" / "_recorded" / "ch_a" / "trace.json.gz").is_file()
-    assert list(meta["artifacts"]) == ["trace.json.gz"]
+    assert list(meta["artifacts"]) == ["data.json", "trace.json.gz"]
+    assert set(meta["cell_seconds"]) == {"1", "3"}  # the measurement cells, timed
     nb = json.loads((recorded / "book" / "_recorded" / "ch_a.ipynb").read_text())
-    assert any("image/png" in out.get("data", {}) for c in nb["cells"]
-               for out in c.get("outputs", []))
+    assert not any("image/png" in out.get("data", {}) for c in nb["cells"]
+                   for out in c.get("outputs", [])), "the figure is the build's to draw"
 
 
 def test_recorded_on_names_the_gpu_or_warns_of_a_cpu_run():
@@ -376,19 +366,23 @@ def test_prose_edits_keep_a_recording_and_code_or_package_edits_stale_it(book, t
     assert recordings.status(book, "ch_b", accept_cpu=True).fresh
     path.write_text(path.read_text().replace('print("gpuinfer"', 'print("gpuinfer version"'))
     st = recordings.status(book, "ch_b", accept_cpu=True)
-    assert st.state == "stale" and "code cells changed" in st.message
+    assert st.state == "stale" and "its measurement cell 1 changed" in st.message
 
     pkg = Path(shutil.copytree(hashes.PACKAGE_DIR, tmp_path / "gpuinfer"))
     (pkg / "experiments" / "scale.py").write_text("# not imported by ch_a\n")
+    plots = pkg / "report" / "plots.py"  # only ch_a's presentation cells use it
+    plots.write_text(plots.read_text().replace("SMALL_TEXT = 8.5", "SMALL_TEXT = 9.5", 1))
+    env = pkg / "env.py"
+    source = env.read_text()
+    env.write_text(source + "\n\ndef unreached():\n    return 1  # a new function\n")
     assert recordings.status(book, "ch_a", accept_cpu=True, package_dir=pkg).fresh
-    plots = pkg / "report" / "plots.py"
-    source = plots.read_text()
-    assert source.startswith('"""') and "SMALL_TEXT = 8.5" in source
-    plots.write_text(source.replace('"""', '"""A docstring edited. ', 1) + "\n# a comment\n")
+    env.write_text(source.replace('"""Folder where a chapter writes large artifacts',
+                                  '"""A docstring edited. Folder where', 1))
     assert recordings.status(book, "ch_a", accept_cpu=True, package_dir=pkg).fresh
-    plots.write_text(source.replace("SMALL_TEXT = 8.5", "SMALL_TEXT = 9.5", 1))  # a constant
+    env.write_text(source.replace("    path = os.path.join(root, chapter)\n",
+                                  "    path = os.path.join(root, chapter, '')\n", 1))
     st = recordings.status(book, "ch_a", accept_cpu=True, package_dir=pkg)
-    assert st.state == "stale" and "gpuinfer/report/plots.py" in st.message
+    assert st.state == "stale" and "gpuinfer/env.py::artifact_dir changed" in st.message
 
 
 def test_a_module_hashes_as_parsed_without_docstrings_or_comments():

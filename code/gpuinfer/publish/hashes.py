@@ -42,23 +42,6 @@ def measurement_sources(nb) -> list[str]:
             if cell.cell_type == "code" and not is_presentation(cell)]
 
 
-def cells_hashes(sources: list[str]) -> list[str]:
-    """One hash per cell, of the cell as Python parses it (IPython syntax translated)."""
-    found = []
-    for source in sources:
-        try:
-            found.append(_sha256(_canonical(_parse_cell(source)).encode()))
-        except SyntaxError:
-            found.append(_sha256(source.replace("\r\n", "\n").encode()))
-    return found
-
-
-def _parse_cell(source: str) -> ast.Module:
-    from gpuinfer.publish.cells import parse
-
-    return parse(source)
-
-
 def _joined(value):
     """Output data as nbformat reads it back: multi-line strings joined."""
     if isinstance(value, dict):
@@ -84,78 +67,6 @@ def _python_tree(source: str) -> ast.Module:
     module and hashes it, for every chapter, and the chapters share most modules. Callers
     only read the tree."""
     return ast.parse(source)
-
-
-def _parse(source: str) -> ast.Module:
-    """Parse a cell; IPython syntax (%magic, !shell) is translated to Python first."""
-    try:
-        return _python_tree(source)
-    except SyntaxError:
-        pass
-    try:
-        from IPython.core.inputtransformer2 import TransformerManager
-
-        return ast.parse(TransformerManager().transform_cell(source))
-    except (ImportError, SyntaxError):
-        return ast.Module(body=[], type_ignores=[])  # broken code fails when run anyway
-
-
-def _imported_names(tree: ast.Module, module: str | None) -> set[str]:
-    """Dotted names under `gpuinfer` that `tree` imports; `module` is the importer's own
-    dotted name (e.g. 'gpuinfer.env'), for relative imports; some names are attributes."""
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                if module is None:
-                    continue
-                package = module.split(".")[: -node.level]  # a flat package: 'gpuinfer'
-                base = ".".join(package + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            names.add(base)
-            names |= {f"{base}.{alias.name}" for alias in node.names}
-    return {n for n in names if n == "gpuinfer" or n.startswith("gpuinfer.")}
-
-
-def _module_file(name: str, package_dir: Path) -> Path | None:
-    """The source file of dotted module `name` under package_dir, or None (an attribute)."""
-    parts = name.split(".")[1:]
-    if not parts:
-        return package_dir / "__init__.py"
-    for candidate in (package_dir.joinpath(*parts[:-1], parts[-1] + ".py"),
-                      package_dir.joinpath(*parts, "__init__.py")):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _dotted(path: Path, package_dir: Path) -> str:
-    """gpuinfer/env.py -> 'gpuinfer.env'; gpuinfer/__init__.py -> 'gpuinfer.__init__' (so
-    that dropping the last part gives the package a relative import starts from)."""
-    return ".".join(("gpuinfer",) + path.relative_to(package_dir).with_suffix("").parts)
-
-
-def imported_modules(sources: list[str], package_dir: Path = PACKAGE_DIR) -> list[str]:
-    """The package modules that code imports, followed transitively, as sorted relative
-    paths ('__init__.py', 'env.py', 'kernels/__init__.py', ...). Importing a module runs the
-    `__init__.py` of every package above it, so those are in too (gpuinfer's always)."""
-    todo = [name for src in sources for name in _imported_names(_parse(src), None)]
-    todo.append("gpuinfer")
-    seen: set[Path] = set()
-    while todo:
-        name = todo.pop()
-        path = _module_file(name, package_dir)
-        if path is None or path in seen:
-            continue
-        seen.add(path)
-        parts = name.split(".")
-        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages above
-        tree = _parse(path.read_text(encoding="utf8"))
-        todo += _imported_names(tree, _dotted(path, package_dir))
-    return sorted(str(p.relative_to(package_dir).as_posix()) for p in seen)
 
 
 def _is_docstring(node: ast.AST) -> bool:
@@ -190,15 +101,6 @@ def source_hash(source: str) -> str:
         return _sha256(source.replace("\r\n", "\n").encode())
 
 
-def module_hashes(modules: list[str], package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
-    """`source_hash` of each module."""
-    return {m: source_hash((package_dir / m).read_text(encoding="utf8")) for m in modules}
-
-
-def package_hash(hashes: dict[str, str]) -> str:
-    return _sha256(json.dumps(sorted(hashes.items())).encode())
-
-
 def shown_text(nb) -> str:
     """The chapter's prose, where its `literalinclude`s are."""
     return "\n".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
@@ -206,10 +108,14 @@ def shown_text(nb) -> str:
 
 def current_hashes(nb, package_dir: Path = PACKAGE_DIR) -> dict:
     """What a recording of notebook `nb` made now would store of its code: the format, the
-    measurement cells' hashes and the definitions they reach, with their hashes."""
+    measurement cells' hashes and the package definitions they (and the page's
+    literalincludes) reach, with their hashes (gpuinfer.publish.reach)."""
+    from gpuinfer.publish import reach
+
     sources = measurement_sources(nb)
-    modules = module_hashes(imported_modules(sources, package_dir), package_dir)
-    return {"format": FORMAT, "cells": cells_hashes(sources), "definitions": modules}
+    return {"format": FORMAT, "cells": reach.cells_hashes(sources),
+            "definitions": reach.definitions(sources, reach.shown(shown_text(nb)),
+                                             reach.TreeSources(package_dir))}
 
 
 def artifact_hashes(folder: Path) -> dict[str, str]:

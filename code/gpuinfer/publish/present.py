@@ -147,7 +147,7 @@ def page(nb, recorded, data_path: Path, cwd: Path, chapter: str):
     re-worded comment keeps its outputs) and the outputs of its presentation cells, run now
     from the values kept in `data_path`. ValueError if the measurement cells are not the
     recorded ones; PresentationError if a presentation cell fails."""
-    from gpuinfer.publish.hashes import cells_hashes
+    from gpuinfer.publish.reach import cells_hashes
 
     def measured(notebook):
         return [c for c in notebook.cells

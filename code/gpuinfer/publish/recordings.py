@@ -21,8 +21,9 @@ from gpuinfer.publish.book import (artifacts_path, chapters, journal_path, read_
                                    recording_path)
 from gpuinfer.publish import cells as cellkinds
 from gpuinfer.publish.hashes import (FORMAT, PACKAGE_DIR, artifact_hashes, artifacts_differ,
-                                     cells_hashes, current_hashes, measurement_sources,
-                                     outputs_hashes)
+                                     current_hashes, measurement_sources, outputs_hashes)
+from gpuinfer.publish.reach import cells_hashes
+from gpuinfer.publish.reach import changed as changed_units
 from gpuinfer.publish.kept import DATA_FILE
 from gpuinfer.publish.validation import METADATA_KEY, read_recording
 
@@ -152,8 +153,8 @@ def changed(nb, recorded, meta: dict, now: dict) -> str | None:
                 "changed since it was recorded")
     old, new = meta.get("definitions") or {}, now["definitions"]
     if old != new:
-        keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        shown = ", ".join("gpuinfer/" + k for k in keys[:4]) + (" …" if len(keys) > 4
-                                                               else "")
+        said = changed_units(old, new)
+        shown = "; ".join("gpuinfer/" + line for line in said[:3]) + (
+            f"; and {len(said) - 3} more" if len(said) > 3 else "")
         return f"the package definitions it reaches changed since it was recorded ({shown})"
     return None
