@@ -5,10 +5,10 @@ A profiler trace of a few eager decode steps holds tens of thousands of events, 
 which no figure draws (nested ATen ops, flow arrows, metadata, the arguments of every
 kernel). `figure_trace` keeps the first decode steps of a trace and what
 `gpuinfer.report.traceplot` draws of them, read by `gpuinfer.report.trace` as before: the
-steps' ranges, the top-level ATen ops and CUDA API calls inside them, and the GPU work they
-launched or that ran meanwhile, each event with only the fields those modules read, a kernel's
-long name cut where that leaves its kind (its colour) as it was. Times are kept relative
-to the first step's start (the figures' axes are relative anyway).
+steps' ranges, the top-level ATen ops and CUDA API calls inside them, and the GPU work
+they launched or that ran meanwhile, each event with only the fields those modules read,
+a kernel's long name cut where that leaves its kind (its colour) as it was. Times are
+kept relative to the first step's start (the figures' axes are relative anyway).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def figure_trace(trace: dict, steps: int, step_name: str = STEP) -> dict:
     def overlapping(events):
         return [e for e in events if e.end > start and e.ts < end]
 
-    kept = (overlapping(T.step_events(trace, step_name)) + overlapping(T.top_level_ops(trace))
-            + overlapping(api)
-            + [e for e in gpu if e.correlation in launched or (e.end > start and e.ts < end)])
+    kept = (overlapping(T.step_events(trace, step_name))
+            + overlapping(T.top_level_ops(trace)) + overlapping(api)
+            + [e for e in gpu if e.correlation in launched or e.end > start and e.ts < end])
     return {"traceEvents": [_slim(e, start) for e in kept]}
