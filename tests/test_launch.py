@@ -66,3 +66,12 @@ def test_count_ops():
     x = torch.randn(4, 4)
     counts = launch.count_ops(lambda: (x.t() @ x).reshape(16).relu())  # t, reshape: views
     assert counts == {"aten::mm": 1, "aten::relu": 1}
+
+
+def test_graph_launch_us_without_cuda_is_nan():
+    assert math.isnan(launch.graph_launch_us(50, device="cpu"))
+
+
+@pytest.mark.gpu
+def test_a_kernel_in_a_graph_costs_less_than_an_eager_launch():
+    assert launch.graph_launch_us(200, repeats=5) < launch.launch_us(200, rounds=5).median

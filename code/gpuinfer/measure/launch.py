@@ -40,6 +40,17 @@ def chain(x: torch.Tensor, k: int) -> torch.Tensor:
     return x
 
 
+def _tiny_launches(n_launches: int, device):
+    """A function that launches a trivial kernel (`add_` on one float) n_launches times."""
+    x = torch.zeros(1, device=device)
+
+    def launches():
+        for _ in range(n_launches):
+            x.add_(1.0)
+
+    return launches
+
+
 def launch_cost(n_launches: int = 1000, *, device="cuda", repeats: int = 20) -> dict:
     """Microseconds per launch of a trivial kernel: eagerly from Python, and inside a graph.
 
@@ -47,20 +58,22 @@ def launch_cost(n_launches: int = 1000, *, device="cuda", repeats: int = 20) -> 
     is the overhead: the host's cost to launch it eagerly, or the GPU's cost to start the
     next node of a replayed graph (NaN without CUDA: there are no graphs to replay).
     """
-    x = torch.zeros(1, device=device)
-
-    def launches():
-        for _ in range(n_launches):
-            x.add_(1.0)
-
-    eager = benchmark(launches, warmup=2, repeats=repeats)
-    graph_us = float("nan")
-    if torch.device(device).type == "cuda":
-        graph, _ = capture_graph(launches, warmup=1)
-        replays = benchmark(graph.replay, warmup=2, repeats=repeats)
-        graph_us = replays.median * 1e3 / n_launches
+    eager = benchmark(_tiny_launches(n_launches, device), warmup=2, repeats=repeats)
     return {"n_launches": n_launches, "eager_us": eager.median * 1e3 / n_launches,
-            "graph_us": graph_us}
+            "graph_us": graph_launch_us(n_launches, device=device, repeats=repeats)}
+
+
+def graph_launch_us(n_launches: int = 1000, *, device="cuda", repeats: int = 20) -> float:
+    """Microseconds per kernel of `n_launches` trivial kernels (`add_` on one float)
+    captured in one CUDA graph and replayed: the GPU's cost to start the next node of a
+    graph, the host not involved (NaN without CUDA: there are no graphs to replay)."""
+    if torch.device(device).type != "cuda":
+        return float("nan")
+    launches = _tiny_launches(n_launches, device)  # holds the tensor the graph writes
+    graph, _ = capture_graph(launches, warmup=1)
+    replays = benchmark(graph.replay, warmup=2, repeats=repeats)
+    del graph, launches  # the graph first: it writes into the tensor `launches` holds
+    return replays.median * 1e3 / n_launches
 
 
 @dataclass(frozen=True)
