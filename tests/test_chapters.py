@@ -29,7 +29,7 @@ def execute_smoke(path: Path, tmp_path: Path, monkeypatch):
 
     from gpuinfer.publish.kept import DATA_FILE
     from gpuinfer.publish.present import PresentationError, present
-    from gpuinfer.publish.record import measuring_client
+    from gpuinfer.publish.measuring import measuring_client
 
     artifacts = tmp_path / "artifacts"
     monkeypatch.setenv("GPUINFER_ARTIFACTS", str(artifacts))

@@ -535,7 +535,7 @@ def test_recording_on_the_gpu_is_fresh_with_its_provenance(tmp_path):
 
 
 def test_a_dead_kernels_log_keeps_its_python_stack():
-    from gpuinfer.publish.record import dying_words
+    from gpuinfer.publish.measuring import dying_words
 
     log = ("start-up warning\n" * 500 + "Fatal Python error: Aborted\n\nThread 0x1 "
            "(most recent call first):\n  File \"cell\", line 9 in <module>\n\n"

@@ -9,7 +9,7 @@ and every chapter that needs one re-measures it in its own run, with these funct
 - `matmul_peak`: FLOP/s of a square product, the compute ceiling.
 
 The third limit of a decode step, the host's cost to launch a kernel, is
-`launch.launch_cost` (Chapter 3 puts it beside its remedies).
+`gpuinfer.measure.launch` (`launch_us`; Chapter 3 puts it beside its remedies).
 """
 
 from __future__ import annotations

@@ -2,17 +2,27 @@
 recordings. No chapter imports this package.
 
 - book: the book's TOC and chapters, read with one-line BookErrors; where recordings go
-- hashes: what a recording is checked against: its chapter's code cells, the package
-  modules they import (as Python parses them), its artifacts
-- validation: reading a recording's notebook and checking that it is whole and its own
+- cells, names: a chapter's measurement and presentation cells, what passes between
+  them, and the rules a presentation cell keeps; the names a cell reads and binds
+- reach, units: the package definitions a chapter's measurement cells reach (staleness by
+  definitions), and a module split into its units
+- hashes: what a recording is checked against: its measurement cells as parsed, the
+  definitions they reach, its recorded outputs, its artifacts
+- kept: the values a recording keeps for its presentation cells (data.json)
+- present: running a chapter's presentation cells from its recording, as the build does
+- validation: reading a recording's notebook and checking that it is whole
 - recordings: whether each chapter's recording is still valid (`status`)
 - preflight: what the record command checks before it runs (packages, chapters, room)
-- record: the command that records chapters (`python -m gpuinfer.publish.record`)
+- record, measuring: the command that records chapters (`python -m
+  gpuinfer.publish.record`); running a chapter's measurement cells in a kernel
 - store: writing a recording's notebook and artifacts together, whatever fails or kills it
+- glued: every value a chapter's page glues, as JSON (`python -m gpuinfer.publish.glued`)
 - compare: two recordings of a chapter, glued value by glued value
+- blast: which chapters each past commit staled, under today's rule and the per-module one
+- gpumem: the peak GPU memory a chapter used while it was recorded
 - sphinx_recordings: the Sphinx extension that builds the pages from the recordings, with
   their provenance, and the table of the chapters' run times
-- sphinx_results: the results-at-a-glance table, read from the recordings' glued values
+- sphinx_results: the results-at-a-glance table, read from the pages' glued values
 - sphinx_site: the datasheet table, the download menu, figure alt text, page-head fixes
 - sphinx_bib: author-year labels for the references
 """
