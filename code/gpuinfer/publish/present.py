@@ -14,7 +14,6 @@ gpuinfer.publish.cells are checked before anything runs, and the kernel sees no 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import tempfile
@@ -29,20 +28,6 @@ NUMBER_KEY = "gpuinfer_cell"  # the chapter's code-cell number, on each cell tha
 
 class PresentationError(RuntimeError):
     """A presentation cell broke a rule or failed; the message is one line naming it."""
-
-
-@contextlib.contextmanager
-def _no_cuda():
-    """The kernel inherits this process's environment: no CUDA device in it."""
-    old = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES")
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = old
 
 
 def _restore_source(after: int, data_path: Path) -> str:
@@ -120,9 +105,10 @@ def present(nb, data_path: Path, cwd: Path, chapter: str) -> None:
     client = NotebookClient(run, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(cwd)}})
     try:
-        # the kernel's own start-up chatter is not the page's
-        with _no_cuda(), tempfile.TemporaryFile("w+", encoding="utf8") as kernel_log:
-            client.execute(stderr=kernel_log)
+        # the kernel's own start-up chatter is not the page's; it sees no CUDA device
+        with tempfile.TemporaryFile("w+", encoding="utf8") as kernel_log:
+            client.execute(stderr=kernel_log,
+                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     except CellExecutionError as exc:
         failed = next((c for c in run.cells for o in c.get("outputs", [])
                        if o.get("output_type") == "error"), None)

@@ -117,29 +117,54 @@ def page_notebook(app, status: recordings.Status, path: Path):
                 path.parent, status.chapter)
 
 
-def seed(app, cache, status: recordings.Status, path: Path, digest_of_package: str):
-    """Cache the page notebook (`page_notebook`) unless this recording, these cells and
-    this package are cached; returns the page notebook either way."""
-    from jupyter_cache.base import CacheBundleIn
-
+def seed_digest(status: recordings.Status, path: Path, digest_of_package: str) -> str:
+    """What a seeded page was made from: the recording, its files, the chapter as written
+    (its presentation cells) and the package's code."""
     digest = hashlib.sha256(status.recording.read_bytes())
     for name, sha in sorted((status.provenance.get("artifacts") or {}).items()):
         digest.update(f"{name}:{sha}".encode())
-    digest.update(path.read_bytes())  # the presentation cells as written
+    digest.update(path.read_bytes())
     digest.update(digest_of_package.encode())
-    digest = digest.hexdigest()
+    return digest.hexdigest()
+
+
+def seeded(app, cache, path: Path, digest: str):
+    """The page notebook an earlier build seeded from the same digest, or None."""
     try:
         record = cache.match_cache_notebook(myst_nb_notebook(app, path))
-        if (record.data or {}).get(SEED_KEY) == digest:
-            return cache.get_cache_bundle(record.pk).nb  # seeded by an earlier build
     except KeyError:
-        pass
-    nb = page_notebook(app, status, path)
+        return None
+    if (record.data or {}).get(SEED_KEY) != digest:
+        return None
+    return cache.get_cache_bundle(record.pk).nb
+
+
+def seed(app, cache, status: recordings.Status, path: Path, digest: str, nb) -> None:
+    """Cache the page notebook `nb` (`page_notebook`), as myst-nb would have cached it."""
+    from jupyter_cache.base import CacheBundleIn
+
     runtime = status.provenance.get("seconds")
     cache.cache_notebook_bundle(
         CacheBundleIn(nb, str(path), data={SEED_KEY: digest, "execution_seconds": runtime}),
         check_validity=False, overwrite=True)
-    return nb
+
+
+def make_pages(app, todo: dict[str, tuple]) -> dict[str, object]:
+    """{chapter: its page notebook, or the exception making it raised}, the presentation
+    cells of the chapters in `todo` ({chapter: (status, path)}) run side by side: each in
+    a kernel of its own, mostly waiting on imports and drawing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def made(item):
+        status, path = item
+        try:
+            return page_notebook(app, status, path)
+        except Exception as exc:  # reported by the caller, chapter by chapter
+            return exc
+
+    workers = max(1, min(len(todo), os.cpu_count() or 1, 4))
+    with ThreadPoolExecutor(workers) as pool:
+        return dict(zip(todo, pool.map(made, todo.values())))
 
 
 def uncache(app, cache, status: recordings.Status, path: Path) -> None:
@@ -175,23 +200,34 @@ def seed_cache(app) -> None:
     app.gpuinfer_status = {}  # docname -> Status, for the page boxes
     app.gpuinfer_pages = {}  # chapter -> the page's notebook, for the results page
     digest_of_package = package_digest()
+    found, todo = {}, {}
     for chapter, path in chapters.items():
         try:
             status = recordings.status(
                 root, chapter, accept_cpu=app.config.gpuinfer_accept_cpu_recordings)
         except book.BookError as exc:
             stop(str(exc))
+        found[chapter] = status
         if status.fresh:
-            try:
-                app.gpuinfer_pages[chapter] = seed(app, cache, status, path,
-                                                   digest_of_package)
-            except PresentationError as exc:
-                stop(str(exc))
-            except Exception as exc:  # anything unreadable in it: report, never crash
-                shown = status.recording.relative_to(root).as_posix()
-                status = recordings.Status(
-                    chapter, "corrupt", f"the recording {shown} is unusable ({exc})",
-                    status.recording, {}, status.modules)
+            digest = seed_digest(status, path, digest_of_package)
+            app.gpuinfer_pages[chapter] = seeded(app, cache, path, digest)
+            if app.gpuinfer_pages[chapter] is None:
+                todo[chapter] = (status, path)
+    for chapter, made in make_pages(app, todo).items():
+        status, path = todo[chapter]
+        if isinstance(made, PresentationError):
+            stop(str(made))
+        if isinstance(made, Exception):  # anything unreadable in it: report, never crash
+            shown = status.recording.relative_to(root).as_posix()
+            found[chapter] = recordings.Status(
+                chapter, "corrupt", f"the recording {shown} is unusable ({made})",
+                status.recording, {}, status.modules)
+            del app.gpuinfer_pages[chapter]
+            continue
+        seed(app, cache, status, path, seed_digest(status, path, digest_of_package), made)
+        app.gpuinfer_pages[chapter] = made
+    for chapter, path in chapters.items():
+        status = found[chapter]
         if not status.fresh:
             uncache(app, cache, status, path)
             # no location=docname: Sphinx does not know a new page's file name yet
