@@ -33,8 +33,7 @@ from gpuinfer.decode.tensor_parallel import (TensorParallelDecoder, all_gather_l
                                              all_reduce, rank_bytes)
 from gpuinfer.env import scratch_dir
 from gpuinfer.experiments.scale import ATTENTION
-from gpuinfer.measure.timing import Rounds, graphed
-from gpuinfer.measure.timing import time_call as _time_call
+from gpuinfer.measure.timing import Rounds, graphed, time_call
 from gpuinfer.model.configs import build_model, random_prompt
 
 # Llama-3.1-8B's shape, as overrides of the 1B config (its vocabulary, rotary base and
@@ -145,7 +144,7 @@ def _timed_rounds(calls: dict, members: dict, rounds: int, per_call: dict,
             if member and before and key in before:
                 before[key]()
             dist.barrier(group=_host)
-            ms = _time_call(calls[key]) if member else float("inf")
+            ms = time_call(calls[key]) if member else float("inf")
             shortest = torch.tensor([ms], dtype=torch.float64)
             dist.all_reduce(shortest, op=dist.ReduceOp.MIN, group=_host)
             if r:  # round 0 warms up
