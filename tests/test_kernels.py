@@ -469,15 +469,21 @@ sys.exit(code)
 """
 
 
-@pytest.fixture(scope="module")
-def aot_output():
-    """(exit code, output) of AOT_SCRIPT: one process, so its imports are paid once."""
+def compiled_run(script: str) -> tuple[int, str]:
+    """(exit code, output) of `script` in a fresh Python that compiles kernels rather than
+    interpreting them, with this checkout's package."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = Path(__file__).resolve().parent.parent / "code"
     env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", AOT_SCRIPT], env=env, check=False,
+    proc = subprocess.run([sys.executable, "-c", script], env=env, check=False,
                           capture_output=True, text=True, timeout=300)
     return proc.returncode, proc.stdout + proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def aot_output():
+    """(exit code, output) of AOT_SCRIPT: one process, so its imports are paid once."""
+    return compiled_run(AOT_SCRIPT)
 
 
 def test_kernels_compile_for_sm_80_89_90_without_spills(aot_output):
@@ -584,13 +590,8 @@ with aot.compile_only(90) as launched:
 
 
 def test_kernels_compiled_ahead_are_not_compiled_again():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = Path(__file__).resolve().parent.parent / "code"
-    env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", AHEAD_SCRIPT], env=env, check=False,
-                          capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr[-3000:]
-    assert proc.returncode == 0, out
+    returncode, out = compiled_run(AHEAD_SCRIPT)
+    assert returncode == 0, out
     # three kernels (a gemv tiling twice), compiled ahead; no launch ran while compiling
     assert "ahead 3 3 0" in out, out
     assert "then 0 4" in out, out  # launched now, compiled before
