@@ -191,11 +191,11 @@ def chapter_paths(git: Git, commit: str) -> dict[str, str]:
     """{stem: path} of the commit's chapters: its TOC's files that are MyST notebooks."""
     import yaml
 
-    from gpuinfer.publish.book import _toc_files
+    from gpuinfer.publish.book import toc_entries
 
     toc = git.text(commit, "_toc.yml")
     try:
-        entries = _toc_files(yaml.safe_load(toc)) if toc else []
+        entries = toc_entries(yaml.safe_load(toc)) if toc else []
     except yaml.YAMLError:
         return {}
     found = {}

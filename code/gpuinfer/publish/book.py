@@ -21,15 +21,15 @@ class BookError(ValueError):
 
 # --- the chapters -------------------------------------------------------------------------
 
-def _toc_files(entry) -> list[str]:
+def toc_entries(entry) -> list[str]:
     """The `file:` and `root:` entries of a _toc.yml (sub)tree, in reading order."""
     if isinstance(entry, list):
-        return [f for item in entry for f in _toc_files(item)]
+        return [f for item in entry for f in toc_entries(item)]
     if not isinstance(entry, dict):
         return []
     found = [entry[key] for key in ("root", "file") if isinstance(entry.get(key), str)]
     for key in ("parts", "chapters", "sections"):
-        found += _toc_files(entry.get(key, []))
+        found += toc_entries(entry.get(key, []))
     return found
 
 
@@ -116,7 +116,7 @@ def toc_files(root: Path | str) -> list[str]:
     if not isinstance(data, dict) or not isinstance(data.get("root"), str):
         raise BookError(f"{_shown(toc)} is not a Jupyter Book table of contents: it needs "
                         "a 'root:' page (see jupyterbook.org, 'Table of Contents')")
-    return _toc_files(data)
+    return toc_entries(data)
 
 
 def chapters(root: Path | str) -> dict[str, Path]:

@@ -28,6 +28,7 @@ import ast
 import builtins
 from dataclasses import dataclass, field
 
+from gpuinfer.publish.hashes import _python_tree
 from gpuinfer.publish.names import names_of
 
 PRESENTATION = "presentation"  # the cell tag
@@ -68,18 +69,27 @@ class Cell:
 
 
 def parse(source: str) -> ast.Module:
-    """A cell's parse tree; IPython syntax (%magic, !shell) is translated to Python first.
-    SyntaxError if it is not Python either."""
+    """A cell's parse tree (each distinct source parsed once: callers only read it);
+    IPython syntax (%magic, !shell) is translated to Python first. SyntaxError if it is
+    not Python either."""
     try:
-        return ast.parse(source)
+        return _python_tree(source)
     except SyntaxError:
         from IPython.core.inputtransformer2 import TransformerManager
 
-        return ast.parse(TransformerManager().transform_cell(source))
+        return _python_tree(TransformerManager().transform_cell(source))
 
 
 def is_presentation(cell) -> bool:
     return PRESENTATION in cell.get("metadata", {}).get("tags", [])
+
+
+def measurement_cells(nb) -> list[tuple[int, object]]:
+    """(code-cell number, cell) of each of nb's measurement cells, in order: the cells a
+    recording is made of, numbered as messages name them."""
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    return [(number, cell) for number, cell in enumerate(code, 1)
+            if not is_presentation(cell)]
 
 
 def analyse(number: int, source: str, presentation: bool) -> Cell:

@@ -29,17 +29,27 @@ def glued_values(path: Path | str) -> dict[str, str]:
     return glued_in(json.loads(Path(path).read_text(encoding="utf8")))
 
 
-def glued_in(nb) -> dict[str, str]:
-    """{name: text} of every value a notebook (a dict or an nbformat notebook) glued."""
-    values = {}
+def glued_outputs(nb):
+    """(name, {mime: text}) of every value a notebook (a dict or an nbformat notebook)
+    glued, in the order it glued them; each mime without the glue's prefix, its text
+    joined."""
     for cell in nb.get("cells", []):
         for out in cell.get("outputs", []):
             name = out.get("metadata", {}).get("scrapbook", {}).get("name")
-            data = out.get("data", {})
-            text = data.get(GLUE_PREFIX + "text/plain", data.get("text/plain"))
-            if name is not None and text is not None:
-                values[name] = "".join(text) if isinstance(text, list) else text
-    return values
+            if name is None:
+                continue
+            data = {}
+            for mime, value in out.get("data", {}).items():
+                key = mime.removeprefix(GLUE_PREFIX)
+                if mime.startswith(GLUE_PREFIX) or key not in data:  # the glued one wins
+                    data[key] = "".join(value) if isinstance(value, list) else value
+            yield name, data
+
+
+def glued_in(nb) -> dict[str, str]:
+    """{name: text} of every value a notebook glued: its text/plain."""
+    return {name: data["text/plain"] for name, data in glued_outputs(nb)
+            if "text/plain" in data}
 
 
 def as_number(text: str) -> float | None:

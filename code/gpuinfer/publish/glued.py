@@ -15,20 +15,16 @@ import json
 import sys
 from pathlib import Path
 
-from gpuinfer.publish.compare import GLUE_PREFIX, as_number
+from gpuinfer.publish.compare import as_number, glued_outputs
 
 MARKDOWN = "text/markdown"
 
 
 def _value(data: dict):
     """A glued output's value as JSON: a number, markdown text, or the plain text."""
-    def text(key):
-        value = data.get(GLUE_PREFIX + key, data.get(key))
-        return "".join(value) if isinstance(value, list) else value
-
-    if text(MARKDOWN) is not None:
-        return text(MARKDOWN)
-    plain = text("text/plain")
+    if data.get(MARKDOWN) is not None:
+        return data[MARKDOWN]
+    plain = data.get("text/plain")
     if plain is None:
         return None
     number = as_number(plain)
@@ -43,13 +39,7 @@ def _value(data: dict):
 
 def values(nb) -> dict:
     """{name: value} of every value notebook `nb` (with its outputs) glued."""
-    found = {}
-    for cell in nb.get("cells", []):
-        for out in cell.get("outputs", []):
-            name = out.get("metadata", {}).get("scrapbook", {}).get("name")
-            if name is not None:
-                found[name] = _value(out.get("data", {}))
-    return found
+    return {name: _value(data) for name, data in glued_outputs(nb)}
 
 
 def page_values(root: Path, chapter: str) -> dict:

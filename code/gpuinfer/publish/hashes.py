@@ -36,10 +36,9 @@ FORMAT = 2  # of a recording's provenance; older recordings are stale
 
 def measurement_sources(nb) -> list[str]:
     """The sources of nb's measurement cells, in order."""
-    from gpuinfer.publish.cells import is_presentation
+    from gpuinfer.publish.cells import measurement_cells
 
-    return [cell.source for cell in nb.cells
-            if cell.cell_type == "code" and not is_presentation(cell)]
+    return [cell.source for _, cell in measurement_cells(nb)]
 
 
 def _joined(value):
@@ -55,10 +54,10 @@ def _joined(value):
 
 def outputs_hashes(nb) -> list[str]:
     """One hash per measurement cell, of its outputs (and nothing else of the cell)."""
-    from gpuinfer.publish.cells import is_presentation
+    from gpuinfer.publish.cells import measurement_cells
 
     return [_sha256(json.dumps(_joined(cell.get("outputs", [])), sort_keys=True).encode())
-            for cell in nb.cells if cell.cell_type == "code" and not is_presentation(cell)]
+            for _, cell in measurement_cells(nb)]
 
 
 @functools.lru_cache(maxsize=None)

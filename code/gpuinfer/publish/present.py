@@ -135,11 +135,8 @@ def page(nb, recorded, data_path: Path, cwd: Path, chapter: str):
     recorded ones; PresentationError if a presentation cell fails."""
     from gpuinfer.publish.reach import cells_hashes
 
-    def measured(notebook):
-        return [c for c in notebook.cells
-                if c.cell_type == "code" and not cellkinds.is_presentation(c)]
-
-    cells, recorded_cells = measured(nb), measured(recorded)
+    cells, recorded_cells = ([c for _, c in cellkinds.measurement_cells(notebook)]
+                             for notebook in (nb, recorded))
     if cells_hashes([c.source for c in cells]) != \
             cells_hashes([c.source for c in recorded_cells]):
         raise ValueError("its measurement cells differ from the chapter's")

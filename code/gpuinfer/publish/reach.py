@@ -63,7 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from gpuinfer.publish.hashes import PACKAGE_DIR, _canonical, _python_tree
+from gpuinfer.publish.cells import parse as parse_cell
+from gpuinfer.publish.hashes import PACKAGE_DIR, _canonical
 from gpuinfer.publish.units import (NOTHING, ROOT, Code, Module, analyse, code_of,
                                     dotted_name, sha256)
 
@@ -99,13 +100,7 @@ def _cell_tree(source: str) -> ast.Module | None:
     """A cell's parse (IPython syntax such as %magic translated first), None if it is not
     Python either."""
     try:
-        return _python_tree(source)
-    except SyntaxError:
-        pass
-    try:
-        from IPython.core.inputtransformer2 import TransformerManager
-
-        return _python_tree(TransformerManager().transform_cell(source))
+        return parse_cell(source)
     except (ImportError, SyntaxError):
         return None
 

@@ -102,10 +102,11 @@ def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
     why = changed(nb, recorded, meta, now)
     if why:
         return result("stale", why, meta)
-    if outputs_hashes(recorded) != meta.get("outputs"):
-        cells = _measurement_numbers(recorded)
-        edited = [str(n) for n, a, b in zip(cells, outputs_hashes(recorded),
-                                            meta.get("outputs") or []) if a != b]
+    outputs = outputs_hashes(recorded)
+    if outputs != meta.get("outputs"):
+        edited = [str(n) for (n, _), a, b in zip(cellkinds.measurement_cells(recorded),
+                                                 outputs, meta.get("outputs") or [])
+                  if a != b]
         return result("stale", f"its recorded outputs in {shown} (cell "
                       f"{', '.join(edited) or '?'}) are not those it recorded", meta)
     folder = artifacts_path(path)
@@ -125,17 +126,6 @@ def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
     return result("fresh", recorded_on(meta), meta)
 
 
-def _measurement_numbers(nb) -> list[int]:
-    """The code-cell numbers of nb's measurement cells."""
-    numbers, n = [], 0
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            n += 1
-            if not cellkinds.is_presentation(cell):
-                numbers.append(n)
-    return numbers
-
-
 def changed(nb, recorded, meta: dict, now: dict) -> str | None:
     """Why the chapter's code is no longer what made the recording, or None: its
     measurement cells, the definitions they reach, or the recording's own cells edited."""
@@ -144,7 +134,7 @@ def changed(nb, recorded, meta: dict, now: dict) -> str | None:
                 "metadata differ): it was edited after recording")
     old, new = meta.get("cells") or [], now["cells"]
     if old != new:
-        numbers = _measurement_numbers(nb)
+        numbers = [n for n, _ in cellkinds.measurement_cells(nb)]
         if len(old) != len(new):
             return (f"its measurement cells changed since it was recorded ({len(new)} now, "
                     f"{len(old)} then)")

@@ -151,12 +151,12 @@ def seed(app, cache, status: recordings.Status, path: Path, digest: str, nb) -> 
 
 def make_pages(app, todo: dict[str, tuple]) -> dict[str, object]:
     """{chapter: its page notebook, or the exception making it raised}, the presentation
-    cells of the chapters in `todo` ({chapter: (status, path)}) run side by side: each in
-    a kernel of its own, mostly waiting on imports and drawing."""
+    cells of the chapters in `todo` ({chapter: (status, path, digest)}) run side by side:
+    each in a kernel of its own, mostly waiting on imports and drawing."""
     from concurrent.futures import ThreadPoolExecutor
 
     def made(item):
-        status, path = item
+        status, path, _ = item
         try:
             return page_notebook(app, status, path)
         except Exception as exc:  # reported by the caller, chapter by chapter
@@ -210,11 +210,13 @@ def seed_cache(app) -> None:
         found[chapter] = status
         if status.fresh:
             digest = seed_digest(status, path, digest_of_package)
-            app.gpuinfer_pages[chapter] = seeded(app, cache, path, digest)
-            if app.gpuinfer_pages[chapter] is None:
-                todo[chapter] = (status, path)
+            page = seeded(app, cache, path, digest)
+            if page is None:
+                todo[chapter] = (status, path, digest)
+            else:
+                app.gpuinfer_pages[chapter] = page
     for chapter, made in make_pages(app, todo).items():
-        status, path = todo[chapter]
+        status, path, digest = todo[chapter]
         if isinstance(made, PresentationError):
             stop(str(made))
         if isinstance(made, Exception):  # anything unreadable in it: report, never crash
@@ -222,9 +224,8 @@ def seed_cache(app) -> None:
             found[chapter] = recordings.Status(
                 chapter, "corrupt", f"the recording {shown} is unusable ({made})",
                 status.recording, {}, status.modules)
-            del app.gpuinfer_pages[chapter]
             continue
-        seed(app, cache, status, path, seed_digest(status, path, digest_of_package), made)
+        seed(app, cache, status, path, digest, made)
         app.gpuinfer_pages[chapter] = made
     for chapter, path in chapters.items():
         status = found[chapter]
