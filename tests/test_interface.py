@@ -124,3 +124,144 @@ def test_a_step_captured_after_a_prefill_keeps_it(loaded, prompt, kind):
             if kind == "triton":
                 torch.testing.assert_close(graphed.logits, eager.logits)
     assert int(graphed.pos) == int(eager.pos) == sequence.shape[1] - 1
+
+
+# ---------------------------------------------------------------------------------------
+# Misuse: refused before any kernel runs, with the decoder's state as it was
+# ---------------------------------------------------------------------------------------
+
+def state(decoder):
+    return decoder.tokens.clone(), decoder.pos.clone(), decoder.host_pos
+
+
+def assert_state(decoder, before, name):
+    tokens, pos, host_pos = before
+    assert torch.equal(decoder.tokens, tokens) and torch.equal(decoder.pos, pos), name
+    assert decoder.host_pos == host_pos, name
+
+
+def bad_prompts(prompt, vocab):
+    high, low = prompt.clone(), prompt.clone()
+    high[0, 3], low[0, 5] = vocab, -1
+    return [(prompt.float(), TypeError, "dtype torch.float32"),
+            (prompt.bool(), TypeError, "dtype torch.bool"),
+            (prompt[:, :0], ValueError, "at least one token"),
+            (prompt[0], ValueError, r"shape \(8,\)"),
+            (prompt.tolist(), TypeError, "type list"),
+            (high, IndexError, rf"id {vocab} is outside the vocabulary \[0, {vocab}\)"),
+            (low, IndexError, rf"id -1 is outside the vocabulary \[0, {vocab}\)")]
+
+
+def test_bad_prompts_are_refused_and_change_nothing(loaded, prompt):
+    reference = decode_naive(loaded, prompt, 4)
+    for name, decoder in decoders(loaded).items():
+        decoder.prefill(prompt)
+        before = state(decoder)
+        for bad, error, message in bad_prompts(prompt, loaded.config.vocab_size):
+            for call in (decoder.prefill, lambda p: decoder.generate(p, 4)):
+                with pytest.raises(error, match=message):
+                    call(bad)
+                assert_state(decoder, before, name)
+        assert torch.equal(decoder.generate(prompt, 4), reference), name  # still works
+
+
+def test_a_step_past_the_capacity_is_refused_and_changes_nothing(loaded, prompt):
+    for name, decoder in decoders(loaded, capacity=16).items():
+        with pytest.raises(ValueError, match="no prompt yet"):
+            decoder.decode_step()
+        with torch.no_grad():
+            decoder.prefill(prompt)  # 8 tokens: pos 8
+            steps = 0
+            with pytest.raises(IndexError, match="past the decoder's capacity of 16"):
+                while True:
+                    before = state(decoder)
+                    decoder.decode_step()
+                    steps += 1
+        assert_state(decoder, before, name)
+        writes = 1 + (decoder.k if name == "speculative" else 0)
+        assert before[2] + writes == 16, name  # refused at the first step that would not fit
+        if name != "speculative":
+            assert steps == 16 - 1 - 8, name
+        assert decoder.generate(prompt, 4).shape == (1, 4), name  # still works
+
+
+def test_teacher_forcing_checks_its_token_and_slot(loaded, prompt):
+    vocab = loaded.config.vocab_size
+    for name, decoder in decoders(loaded, capacity=16).items():
+        if name == "speculative":
+            continue  # its step_logits is the target's
+        with torch.no_grad():
+            decoder.prefill(prompt)
+            before = state(decoder)
+            for token, error in ((torch.tensor([[vocab]]), IndexError),
+                                 (torch.tensor([[-1]]), IndexError),
+                                 (torch.tensor([[1.0]]), TypeError)):
+                with pytest.raises(error, match="token"):
+                    decoder.step_logits(token.to(DEVICE))
+                assert_state(decoder, before, name)
+            last = 16 - (1 if name == "static" else 2)  # the Triton step writes pos + 1
+            for _ in range(8, last + 1):
+                decoder.step_logits(torch.tensor([[3]], device=DEVICE))
+            with pytest.raises(IndexError, match="capacity of 16"):
+                decoder.step_logits(torch.tensor([[3]], device=DEVICE))
+
+
+def test_a_capacity_the_model_does_not_cover_is_refused(loaded):
+    most = loaded.config.max_position_embeddings
+    for build in (lambda c: StaticDecoder(loaded, 1, c),
+                  lambda c: TritonDecoder(loaded, capacity=c)):
+        with pytest.raises(ValueError, match=f"capacity={most + 1}.*max_position_embed"):
+            build(most + 1)
+        with pytest.raises(ValueError, match="capacity=1"):
+            build(1)
+        with pytest.raises(TypeError, match="capacity=16.0"):
+            build(16.0)
+
+
+def test_a_folder_loads_where_the_decoder_runs(checkpoint):
+    import gpuinfer.decode.triton_step as ts
+
+    assert StaticDecoder(str(checkpoint), 1, 16).tokens.device.type == DEVICE
+    where = "cpu" if ts.INTERPRETED else "cuda"
+    assert TritonDecoder(str(checkpoint), capacity=16).device.type == where
+
+
+def test_cpu_weights_for_compiled_kernels_are_refused(loaded, monkeypatch):
+    import gpuinfer.decode.triton_step as ts
+
+    monkeypatch.setattr(ts, "INTERPRETED", False)  # as on a machine that compiles them
+    with pytest.raises(ValueError, match="on cpu.*device='cuda'"):
+        TritonDecoder(copy.deepcopy(loaded).to("cpu"), capacity=16)
+
+
+def test_a_decoder_sees_its_models_weights_change(checkpoint, prompt):
+    model = load_llama(checkpoint, dtype=torch.float32, device=DEVICE)
+    other = LlamaForCausalLM(copy.deepcopy(model.config)).to(DEVICE).eval()
+    decode = runners.decode_fn(runners.V4)
+    before = decode(model, prompt, NEW)
+    built = decoders(model)
+    model.load_state_dict(other.state_dict())  # in place: the decoders' copies are old
+    for name, decoder in built.items():
+        with pytest.raises(ValueError, match="weights changed.*build a new decoder"):
+            decoder.generate(prompt, NEW)
+    after = decode(model, prompt, NEW)  # decoder_for builds a new decoder
+    assert torch.equal(after, decode_naive(model, prompt, NEW))
+    assert not torch.equal(after, before)  # a test of something
+    fresh = StaticDecoder(model, 1, 64)
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.clone())  # replaced
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        fresh.prefill(prompt)
+
+
+def test_weights_seen_of_inference_tensors():
+    with torch.inference_mode():
+        model = LlamaForCausalLM(model_config("reduced")).eval()
+    interface.WeightsSeen(model).check()  # no version counter: identity and address
+
+
+@pytest.mark.gpu
+def test_a_checkpoint_folder_decodes_on_the_gpu(checkpoint, loaded, prompt):
+    reference = decode_naive(loaded, prompt, NEW)
+    for name, decoder in decoders(str(checkpoint)).items():
+        assert decoder.tokens.is_cuda, name
+        assert torch.equal(decoder.generate(prompt, NEW), reference), name

@@ -181,7 +181,7 @@ def test_a_dynamic_mode_compiles_once_for_every_batch():
 
     model = build_model(model_config("reduced"), seed=0)
     counter = CompileCounter()
-    step = torch.compile(lambda d: d.decode_step(), backend=counter, dynamic=True,
+    step = torch.compile(lambda d: d.device_step(), backend=counter, dynamic=True,
                          fullgraph=True)
     with torch.no_grad():
         for batch in (1, 2, 4, 8):

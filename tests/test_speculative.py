@@ -93,7 +93,7 @@ def test_expected_tokens():
 def test_repeatable_resets_the_position(models):
     target = StaticDecoder(models[0], 1, 64)
     with torch.no_grad():
-        step = sp.repeatable(target.pos, 10, target.decode_step)
+        step = sp.repeatable(target.pos, 10, target.device_step)
         for _ in range(3):
             step()
             assert int(target.pos) == 11

@@ -1,8 +1,14 @@
 """The "Your model" page (book/your_model.md): its check runs as printed, on a checkpoint
-folder, on the CPU; and every name its GPU sketch imports exists."""
+folder, on the CPU; every name its GPU sketch imports exists; and on a GPU the sketch
+runs whole."""
 
 import re
 from pathlib import Path
+
+import pytest
+import torch
+
+from gpuinfer.model.configs import build_model, model_config
 
 PAGE = Path(__file__).resolve().parent.parent / "book" / "your_model.md"
 
@@ -23,3 +29,19 @@ def test_the_gpu_sketch_imports_what_exists():
     for line in sketch.splitlines():
         if line.startswith("from "):
             exec(line, {})
+
+
+@pytest.mark.gpu
+def test_the_gpu_sketch_runs_whole(checkpoint, tmp_path):
+    """The page's check, then its GPU sketch, as printed, on checkpoint folders: the
+    target, and a smaller Llama of the same vocabulary as the draft."""
+    draft = build_model(model_config("reduced", num_hidden_layers=1), seed=3)
+    draft.save_pretrained(tmp_path / "draft")
+    check, sketch = code_blocks()[:2]
+    names: dict = {}
+    exec(check.replace("path/to/llama", str(checkpoint)), names)
+    exec(sketch.replace("path/to/small-llama", str(tmp_path / "draft")), names)
+    tokens, new = names["tokens"], names["NEW"]
+    assert tokens.shape == (1, new) and tokens.dtype == torch.int64
+    assert names["triton"].device.type == "cuda" and names["int8"].quantized
+    assert names["spec"].passes >= 1

@@ -111,7 +111,7 @@ def runner(decoder: Decoder, mode: Mode) -> Callable[[], object]:
     key = dataclasses.astuple(dataclasses.replace(mode, name=""))
     if key not in built:
         with torch.no_grad():  # as every call will be: no recompilation for grad mode
-            step = _compiled(decoder, mode, built) if mode.compiled else decoder.decode_step
+            step = _compiled(decoder, mode, built) if mode.compiled else decoder.device_step
             if mode.graph == BY_HAND:
                 step = graphed_step(decoder, step)  # the decoder's state kept as it was
             built[key] = step
@@ -132,16 +132,16 @@ def compiled(fn, mode: Mode, dynamic: bool | None = False):
 
 
 def _compiled(decoder: StaticDecoder, mode: Mode, built: dict):
-    """decode_step compiled with the mode's options; shared by the modes that differ only in
+    """device_step compiled with the mode's options; shared by the modes that differ only in
     a graph captured by hand around it (V7 captures V6's compiled step). A dynamic mode
     shares one compiled function between the decoders of every batch size."""
     key = ("compiled", *sorted(mode.compile_options().items()))
     if mode.dynamic:
         if key not in _shared:
-            _shared[key] = compiled(lambda d: d.decode_step(), mode, dynamic=True)
+            _shared[key] = compiled(lambda d: d.device_step(), mode, dynamic=True)
         return functools.partial(_shared[key], decoder)
     if key not in built:
-        step = compiled(decoder.decode_step, mode)
+        step = compiled(decoder.device_step, mode)
         if mode.graph == TREES:
             def trees_step():
                 # Start a new cudagraph-trees generation: the previous step's outputs may
@@ -161,9 +161,9 @@ def generate(decoder: Decoder, prompt_ids: torch.Tensor, new_tokens: int,
              mode: Mode = V4) -> torch.Tensor:
     """`new_tokens` greedy tokens after the prompt, each step run `mode`: an int64 CPU
     tensor (batch, new_tokens)."""
-    if new_tokens < 1:
-        return torch.empty((prompt_ids.shape[0], 0), dtype=torch.int64)
     check_prompt(decoder, prompt_ids, new_tokens)  # before anything is compiled
+    if new_tokens == 0:
+        return torch.empty((prompt_ids.shape[0], 0), dtype=torch.int64)
     return interface.generate(decoder, prompt_ids, new_tokens, runner_before_prefill(
         decoder, mode))
 
@@ -180,9 +180,14 @@ def decoder_for(model: LlamaForCausalLM, batch: int, capacity: int, *,
                 attention: str = "matmul") -> StaticDecoder:
     """The StaticDecoder of `model` for this batch, capacity and attention kernel, built on
     first use and kept while the model lives, with its graphs and compiled steps, as
-    generate()'s static cache is."""
+    generate()'s static cache is; built anew when the model's weights changed."""
     per_model = _kept_on(model, "_gpuinfer_decoders")
-    key = (batch, capacity, attention, model.dtype)  # model.to(...) wants a new decoder
+    key = (batch, capacity, attention, model.dtype, model.device)  # .to(...): a new one
+    if key in per_model:
+        try:
+            per_model[key].seen.check()
+        except ValueError:  # load_state_dict, a replaced parameter: decode the new ones
+            del per_model[key]
     if key not in per_model:
         # Ordinary tensors even if the caller is in inference mode: the state is written in
         # place by every later call, whatever mode that call runs in.
@@ -228,8 +233,9 @@ def cold_compile():
 
 def compiled_step_logits(decoder: StaticDecoder, mode: Mode):
     """decoder.step_logits compiled with `mode`'s options, for teacher forcing: the same
-    fused kernels as the mode's decode_step, with the logits returned."""
-    return compiled(decoder.step_logits, mode)
+    fused kernels as the mode's step, with the logits returned. Unchecked (the
+    compiled function is `device_step_logits`): the caller keeps to the capacity."""
+    return compiled(decoder.device_step_logits, mode)
 
 
 # ---------------------------------------------------------------------------------------------

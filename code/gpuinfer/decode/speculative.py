@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from gpuinfer.decode.interface import check_prompt, graphed_step
+from gpuinfer.decode.interface import check_prompt, check_step, graphed_step
 from gpuinfer.decode.runners import BY_HAND, TREES, V4, Mode, compiled
 from gpuinfer.decode.static import StaticDecoder
 from gpuinfer.measure.timing import capture_graph
@@ -115,9 +115,13 @@ class Speculative:
         share_sequence(draft, target)
         self.target, self.draft, self.k, self.mode = target, draft, k, mode
         self.tokens, self.pos, self.capacity = target.tokens, target.pos, target.capacity
+        if draft.vocab != target.vocab:  # each reads the other's tokens
+            raise ValueError(f"a draft of vocabulary {draft.vocab} for a target of "
+                             f"{target.vocab}: the two models must share one tokenizer")
+        self.vocab = target.vocab
         self.refresh = torch.tensor(REFRESH, device=target.pos.device)
         self.verifier = Verifier(target, mode=mode)
-        self.first_step, self.step = self.draft_first_step, draft.decode_step
+        self.first_step, self.step = self.draft_first_step, draft.device_step
         if mode.compiled:
             self.first_step, self.step = (compiled(fn, mode) for fn in (self.first_step,
                                                                          self.step))
@@ -159,9 +163,26 @@ class Speculative:
             self._passes[k] = run
         return self._passes[k]
 
-    def decode_step(self) -> None:
-        """One pass with `self.k` proposals: commits 1 ... k + 1 tokens."""
+    @property
+    def host_pos(self) -> int | None:
+        """The target's count of pos (`interface.check_step`): one sequence."""
+        return self.target.host_pos
+
+    @host_pos.setter
+    def host_pos(self, value: int | None) -> None:
+        self.target.host_pos = self.draft.host_pos = value
+
+    def device_step(self) -> None:
+        """One pass with `self.k` proposals, unchecked: commits 1 ... k + 1 tokens."""
         self.one_pass(self.k)()
+
+    def decode_step(self) -> None:
+        """`device_step` called from Python: refused if the pass could write past the
+        capacity (k + 1 slots past pos); the position after it is then read (the pass's
+        one host read, as in `generate`)."""
+        check_step(self, writes=self.k + 1)
+        self.device_step()
+        self.host_pos = int(self.pos.item())
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
@@ -182,10 +203,12 @@ class Speculative:
         `self.k`) proposals a pass: (1, new_tokens), int64 on the CPU. The number of
         passes it took is left in `self.passes`."""
         k = self.k if k is None else k
-        start = prompt_ids.shape[1]
-        if new_tokens < 1:
-            return torch.empty((1, 0), dtype=torch.int64)
         check_prompt(self, prompt_ids, new_tokens, extra=k)  # a pass writes k + 1 past pos
+        if new_tokens == 0:
+            return torch.empty((1, 0), dtype=torch.int64)
+        start = prompt_ids.shape[1]
+        self.target.seen.check()  # refused before the state changes
+        self.draft.seen.check()
         self.pos.fill_(1)  # a first capture finds room: the prefill replaces the state
         run = self.one_pass(k)
         self.prefill(prompt_ids)  # the first token is the target's
@@ -194,8 +217,9 @@ class Speculative:
             run()
             pos = int(self.target.pos.item())  # the pass's one host read
             passes += 1
-        self.passes = passes
-        return self.target.tokens[:, start: start + new_tokens].cpu()
+        self.passes, self.host_pos = passes, pos
+        # A copy: on a CPU .cpu() would return the buffer the next generation overwrites.
+        return self.target.tokens[:, start: start + new_tokens].to("cpu", copy=True)
 
 
 def repeatable(pos: torch.Tensor, start: int, fn: Callable[[], object]) -> Callable[[], object]:

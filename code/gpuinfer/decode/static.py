@@ -28,7 +28,8 @@ import logging
 
 import torch
 
-from gpuinfer.decode.interface import check_prompt, generate
+from gpuinfer.decode.interface import (WeightsSeen, check_capacity, check_ids,
+                                       check_prompt, check_step, generate)
 from gpuinfer.model.configs import load_llama
 from gpuinfer.model.llama import (AS_STORED, KVCache, WeightFormat, check_attention,
                                   forward, rotary_table, weights_of)
@@ -39,18 +40,25 @@ class StaticDecoder:
 
     `capacity` is the number of token slots: prompt plus new tokens must fit. All state is
     in tensors allocated once (`cache`, `tokens`, `pos`), so every call of
-    `decode_step` launches the same kernels on the same addresses. `attention` picks the
-    attention kernel (see `attention`).
+    `device_step` launches the same kernels on the same addresses. `attention` picks the
+    attention kernel (see `attention`). `model`: a LlamaForCausalLM, or a checkpoint
+    folder, loaded on `device` (default: the GPU if there is one).
     """
 
     def __init__(self, model, batch: int, capacity: int, *, attention: str = "matmul",
-                 weights: WeightFormat = AS_STORED):
-        model = load_llama(model)  # a LlamaForCausalLM, or a checkpoint folder
+                 weights: WeightFormat = AS_STORED, device=None):
+        if device is None and not hasattr(model, "config"):
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = load_llama(model, **({} if device is None else {"device": device}))
         check_attention(attention)  # now, not at the first step
+        check_capacity(model.config, capacity)
         self.batch, self.capacity, self.attention = batch, capacity, attention
+        self.seen = WeightsSeen(model)  # checked at every prefill
         # The model's weights, shared (detach() makes no copy), except the stacked ones.
         self.weights = weights_of(model, weights)
         w = self.weights
+        self.vocab = w.embed.shape[0]
+        self.host_pos: int | None = None  # no prompt yet
         dev, dtype = w.embed.device, w.embed.dtype
         cache_shape = (batch, w.n_kv_heads, capacity, w.head_dim)
         # One tensor per layer, not one for all: a compiled step then writes each new key in
@@ -96,19 +104,22 @@ class StaticDecoder:
         place, so a graph captured earlier stays valid. Slots past the prompt keep stale
         keys and values, which the mask hides until a step overwrites them.
         """
-        length = prompt_ids.shape[1]
         check_prompt(self, prompt_ids)
+        self.seen.check()
+        length = prompt_ids.shape[1]
         self.tokens[:, :length].copy_(prompt_ids)
         logits = self.logits(self.tokens[:, :length], self.cache.slots[:length])
         self.tokens[:, length] = logits.argmax(-1)
         self.pos.fill_(length)
+        self.host_pos = length
         return logits
 
-    def decode_step(self) -> torch.Tensor:
+    def device_step(self) -> torch.Tensor:
         """One greedy step, all on the device: read tokens[pos], write tokens[pos + 1], pos += 1.
 
         No host value is read (no `.item()`, no Python branch on a tensor), so the step
-        has no sync, no graph break, and the same kernels and addresses every time.
+        has no sync, no graph break, and the same kernels and addresses every time: the
+        step that is compiled and captured. Unchecked (`decode_step` checks).
         """
         token = self.tokens.index_select(1, self.pos)  # (batch, 1)
         next_token = self.logits(token, self.pos).argmax(-1, keepdim=True)
@@ -116,11 +127,28 @@ class StaticDecoder:
         self.pos.add_(1)
         return next_token
 
-    def step_logits(self, token: torch.Tensor) -> torch.Tensor:
-        """The step with a given input token (batch, 1) instead of the last one generated:
-        its logits (batch, vocab), the cache written and pos advanced (teacher forcing)."""
+    def decode_step(self) -> torch.Tensor:
+        """`device_step` called from Python: refused past the capacity (by the host's
+        count of pos, `interface.check_step`), so that no write lands outside the cache."""
+        at = check_step(self)
+        next_token = self.device_step()
+        self.host_pos = at + 1
+        return next_token
+
+    def device_step_logits(self, token: torch.Tensor) -> torch.Tensor:
+        """`step_logits` unchecked: what `runners.compiled_step_logits` compiles."""
         logits = self.logits(token, self.pos)
         self.pos.add_(1)
+        return logits
+
+    def step_logits(self, token: torch.Tensor) -> torch.Tensor:
+        """The step with a given input token (batch, 1) instead of the last one generated:
+        its logits (batch, vocab), the cache written and pos advanced (teacher forcing).
+        The token and the slot are checked first (one host read of the token)."""
+        check_ids(self, token, "token")
+        at = check_step(self, writes=0)  # writes slot pos only
+        logits = self.device_step_logits(token)
+        self.host_pos = at + 1
         return logits
 
     def generate(self, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:

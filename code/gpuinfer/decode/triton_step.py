@@ -39,7 +39,8 @@ from dataclasses import replace
 import torch
 import triton
 
-from gpuinfer.decode.interface import check_prompt, generate, graphed_step
+from gpuinfer.decode.interface import (WeightsSeen, check_capacity, check_ids,
+                                       check_prompt, check_step, generate, graphed_step)
 from gpuinfer.kernels.attention import AttentionWorkspace, decode_attention
 from gpuinfer.kernels.common import INTERPRETED, Workspace, compile_ahead, pdl_supported
 from gpuinfer.kernels.embed_head import ArgmaxWorkspace, embed, lm_head_argmax
@@ -68,19 +69,33 @@ class TritonDecoder:
     about 90 µs); `attention`: {n_split, block_s, num_warps} over `default_attention`
     (which picks the split by the capacity);
     `weights`: the format the step's matrices are stored in (`AS_STORED`, `INT8`).
-    `model`: a LlamaForCausalLM or a checkpoint folder (`model.configs.load_llama`).
+    `model`: a LlamaForCausalLM or a checkpoint folder (`model.configs.load_llama`),
+    loaded on `device` (default: where the kernels run, the GPU unless they are
+    interpreted).
     """
 
     def __init__(self, model, batch: int = 1, capacity: int = 1024,
                  *, pdl: bool = True, configs: dict | None = None,
                  inline_reduce: bool = True, inline_argmax: bool = False,
-                 attention: dict | None = None, weights: WeightFormat = AS_STORED):
+                 attention: dict | None = None, weights: WeightFormat = AS_STORED,
+                 device=None):
         if batch != 1:
             raise NotImplementedError(f"TritonDecoder decodes one sequence (batch=1), "
                                       f"not {batch}: its kernels are batch-1 GEMVs")
-        model = load_llama(model)
+        if device is None and not hasattr(model, "config"):
+            device = "cpu" if INTERPRETED else "cuda"
+        model = load_llama(model, **({} if device is None else {"device": device}))
         cfg = model.config
+        check_capacity(cfg, capacity)
+        where = model.lm_head.weight.device
+        if where.type != "cuda" and not INTERPRETED:
+            raise ValueError(
+                f"the model's weights are on {where}: the Triton kernels run on a GPU. "
+                "Load it there (load_llama(..., device='cuda'), or TritonDecoder(folder, "
+                "device='cuda')), or set TRITON_INTERPRET=1 before importing the kernels "
+                "to interpret them on the CPU (slowly)")
         self.batch, self.capacity = batch, capacity
+        self.seen = WeightsSeen(model)  # checked at every prefill
         self.model_weights = weights_of(model, weights)  # the stacked q/k/v and gate/up
         w = self.model_weights
         self.n_heads, self.n_kv, self.head_dim, self.eps = (w.n_heads, w.n_kv_heads,
@@ -92,6 +107,8 @@ class TritonDecoder:
         self.device, self.dtype = dev, dtype
         hidden, inter = cfg.hidden_size, cfg.intermediate_size
         n_layers, vocab = len(self.layers), self.lm_head.shape[0]
+        self.vocab = self.embed.shape[0]
+        self.host_pos: int | None = None  # no prompt yet
 
         def zeros(*shape, dtype=dtype):  # zeros: a NaN left anywhere would show
             return torch.zeros(shape, device=dev, dtype=dtype)
@@ -160,8 +177,16 @@ class TritonDecoder:
         return weights + kv_slot * (context + 2)
 
     def decode_step(self) -> None:
+        """`device_step` called from Python: refused past the capacity (by the host's
+        count of pos, `interface.check_step`). (The kernels also mask any write past
+        the cache and the tokens, so that an unchecked replay writes nothing outside.)"""
+        at = check_step(self)
+        self.device_step()
+        self.host_pos = at + 1
+
+    def device_step(self) -> None:
         """One greedy step of Triton kernels, reading no host value: tokens[pos] in,
-        tokens[pos + 1] and `logits` out, pos += 1."""
+        tokens[pos + 1] and `logits` out, pos += 1. Unchecked: what is captured."""
         pdl, ws, cfg, eps = self.pdl, self.workspace, self.configs, self.eps
         row = self.tokens[0]
         embed(self.embed, row, self.pos, self.x, pdl=pdl)
@@ -183,7 +208,7 @@ class TritonDecoder:
                        pdl=pdl, workspace=self.argmax_workspace)
 
     def capture(self, warmup: int = 2) -> Callable[[], None]:
-        """Capture decode_step in a CUDA graph (`decode.interface.graphed_step`: the
+        """Capture device_step in a CUDA graph (`decode.interface.graphed_step`: the
         decoder's state is the same after as before, a prefill included); its replay."""
         self.graph = graphed_step(self, warmup=warmup)
         return self.graph
@@ -193,16 +218,17 @@ class TritonDecoder:
         compile_ahead`), if they are not yet: otherwise the step's first call would
         compile them one after another. The step's own calls do it first."""
         if not self.compiled:
-            compile_ahead(self.decode_step)
+            compile_ahead(self.device_step)
             self.compiled = True
 
     def step_function(self, graph: bool | None = None):
-        """The per-token call: the captured step's replay (default on a GPU), or not."""
+        """The per-token call, unchecked: the captured step's replay (default on a GPU),
+        or `device_step`."""
         self.compile()
         if graph is None:
             graph = self.on_gpu
         if not graph:
-            return self.decode_step
+            return self.device_step
         return self.graph or self.capture()
 
     @torch.no_grad()
@@ -210,30 +236,37 @@ class TritonDecoder:
         """Reset the state to a new prompt: the cache of its slots (the book's Llama
         forward, in PyTorch), its first new token in tokens[len], pos = len. In place, so
         a captured graph stays valid. Returns the logits of the last prompt position."""
-        length = prompt_ids.shape[1]
         check_prompt(self, prompt_ids)
+        self.seen.check()
+        length = prompt_ids.shape[1]
         self.tokens[:, :length].copy_(prompt_ids)
         logits = forward(self.model_weights, self.cache, self.tokens[:, :length],
                          self.cache.slots[:length])
         self.tokens[:, length] = logits.argmax(-1)
         self.pos.fill_(length)
+        self.host_pos = length
         return logits
 
     @torch.no_grad()
     def step_logits(self, token, graph: bool = False) -> torch.Tensor:
         """Teacher forcing: put `token` at tokens[pos] and run one step; a copy of its
         logits (1, vocab), as StaticDecoder.step_logits gives them. The step still writes
-        its own argmax into tokens[pos + 1]."""
-        token = torch.as_tensor(token, device=self.device, dtype=torch.long).view(1, 1)
-        self.tokens.index_copy_(1, self.pos, token)
+        its own argmax into tokens[pos + 1]. The token and the slot are checked first."""
+        token = torch.as_tensor(token, device=self.device)
+        check_ids(self, token.view(1, -1) if token.dim() < 2 else token, "token")
+        if token.numel() != 1:
+            raise ValueError(f"a token of shape {tuple(token.shape)}: one token, (1, 1)")
+        at = check_step(self)
+        self.tokens.index_copy_(1, self.pos, token.long().view(1, 1))
         self.step_function(graph)()
+        self.host_pos = at + 1
         return self.logits.clone()[None]
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, new_tokens: int,
                  graph: bool | None = None) -> torch.Tensor:
         """`new_tokens` greedy tokens after the prompt: int64 CPU (1, new_tokens)."""
-        if new_tokens >= 1:
-            check_prompt(self, prompt_ids, new_tokens)
+        check_prompt(self, prompt_ids, new_tokens)  # refused before the state changes
+        self.seen.check()
         self.pos.zero_()  # a first capture finds room; the prefill replaces the state
         return generate(self, prompt_ids, new_tokens, self.step_function(graph))
