@@ -163,7 +163,7 @@ def test_attention_reads_no_slot_past_the_cache(pos, inline):
     v_cache.assert_unchanged("v_cache")
 
 
-# --- the two ends of the step: embed reads tokens[pos], lm_head writes tokens[pos + 1] ---
+# --- the step's two ends: embed reads tokens[pos], lm_head writes tokens[pos + 1] ---
 
 VOCAB, HIDDEN = 50, 64
 

@@ -49,8 +49,8 @@ def chunk_of(n, N_SPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
 @triton.jit
 def slots_seen(pos, capacity):
     """The slots 0..pos of a cache of `capacity`, clamped: at least slot 0, at most all
-    of them. One scalar min and max a program: what keeps a replay at a pos past the cache
-    (which the decoder refuses on the host) from reading past it."""
+    of them. One scalar min and max a program: what keeps a replay at a pos past the
+    cache (which the decoder refuses on the host) from reading past it."""
     return tl.minimum(tl.maximum(pos + 1, 1), capacity)
 
 
@@ -224,8 +224,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         **launch_options(num_warps, num_stages, pdl))
     if not inline_combine:
         attention_combine_kernel[(n_kv,)](
-            ws.partials, out, pos, capacity, GROUP=group, HEAD_DIM=head_dim, N_SPLIT=n_split,
-            BLOCK_S=block_s, PDL=pdl,
+            ws.partials, out, pos, capacity, GROUP=group, HEAD_DIM=head_dim,
+            N_SPLIT=n_split, BLOCK_S=block_s, PDL=pdl,
             **launch_options(num_warps, 1, pdl))
     return out
 

@@ -100,8 +100,8 @@ def embed_kernel(embed_ptr, tokens_ptr, pos_ptr, x_ptr, hidden, stride_e, capaci
                  vocab, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """x = embed[tokens[pos]], pos clamped to the tokens [0, capacity) and the id to the
     embedding's rows [0, vocab): out of range, x is some row of the embedding, which
-    does not matter (the decoder refuses such a pos or id before a step); what matters is
-    that no read leaves the buffers. Two scalar clamps a program."""
+    does not matter (the decoder refuses such a pos or id before a step); what matters
+    is that no read leaves the buffers. Two scalar clamps a program."""
     pdl_wait(PDL)  # pos and the token come from the previous step
     pos = tl.minimum(tl.maximum(tl.load(pos_ptr), 0), capacity - 1)
     token = tl.minimum(tl.maximum(tl.load(tokens_ptr + pos), 0), vocab - 1)

@@ -108,10 +108,10 @@ def qkv_rope(w: torch.Tensor | Int8Matrix, x: torch.Tensor, q: torch.Tensor,
     tensor. Where pos is not a slot of the cache, nothing is written to it."""
     w, scale = unpack(w)
     n_kv, capacity, head_dim = k_cache.shape
-    if min(cos.shape[0], sin.shape[0]) < capacity:
-        raise ValueError(f"rotary tables of {min(cos.shape[0], sin.shape[0])} rows for a "
-                         f"cache of {capacity} slots: make them (capacity, head_dim), a "
-                         "row per slot")
+    rows = min(cos.shape[0], sin.shape[0])
+    if rows < capacity:
+        raise ValueError(f"rotary tables of {rows} rows for a cache of {capacity} "
+                         "slots: make them (capacity, head_dim), a row per slot")
     n_rows, k = w.shape
     if n_rows != (n_heads + 2 * n_kv) * head_dim:
         raise ValueError(f"{tuple(w.shape)} is not q, k, v of {n_heads}/{n_kv} heads")
