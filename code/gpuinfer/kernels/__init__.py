@@ -16,5 +16,8 @@ reference that computes the same thing with FP32 accumulation.
 - aot: compile the kernels for sm_80, sm_89 and sm_90 without a GPU, to read their
   registers and spills
 
-`gpuinfer.decode.triton_step.TritonDecoder` launches them as a whole decode step.
+`gpuinfer.decode.triton_step.TritonDecoder` launches them as a whole decode step. They
+read pos and the token from tensors, unchecked (a CUDA graph replays them), and stay
+inside their buffers whatever those hold: writes past the cache or the tokens are
+masked, reads clamped.
 """

@@ -23,6 +23,10 @@ the newest, is then patched in from what that kernel wrote.
 
 The loop over a chunk is a while loop: its bounds depend on pos, a tensor, and
 Triton's interpreter cannot iterate a range over tensor bounds.
+
+pos is read unchecked (a CUDA graph's replay runs whatever it holds): the slots seen are
+clamped to 1..capacity (`slots_seen`), so that no call reads past the cache; past it,
+it attends to every slot, as at the last one.
 """
 
 from __future__ import annotations
@@ -40,6 +44,14 @@ def chunk_of(n, N_SPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
     """Slots per split for a context of n slots: a multiple of BLOCK_S, so that only the
     first cdiv(n, chunk) splits have any."""
     return tl.cdiv(tl.cdiv(n, N_SPLIT), BLOCK_S) * BLOCK_S
+
+
+@triton.jit
+def slots_seen(pos, capacity):
+    """The slots 0..pos of a cache of `capacity`, clamped: at least slot 0, at most all
+    of them. One scalar min and max a program: what keeps a replay at a pos past the
+    cache (which the decoder refuses on the host) from reading past it."""
+    return tl.minimum(tl.maximum(pos + 1, 1), capacity)
 
 
 @triton.jit
@@ -89,7 +101,8 @@ def attention_partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, o_ptr, cnt_
     # Before the PDL wait, what no kernel of this layer writes: pos (the previous step's
     # last kernel wrote it, and that kernel has finished before the one before this
     # launched us; .cg reads it at L2) and the cached slots before pos.
-    n = tl.load(pos_ptr, cache_modifier=".cg") + 1  # slots 0..pos
+    capacity = cache_head_stride // HEAD_DIM  # a shift: HEAD_DIM is a power of two
+    n = slots_seen(tl.load(pos_ptr, cache_modifier=".cg"), capacity)  # slots 0..pos
     chunk = chunk_of(n, N_SPLIT, BLOCK_S)
     start = s * chunk
     end = tl.minimum(start + chunk, n)
@@ -160,11 +173,11 @@ def attention_partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, o_ptr, cnt_
 
 
 @triton.jit
-def attention_combine_kernel(part_ptr, o_ptr, pos_ptr, GROUP: tl.constexpr,
+def attention_combine_kernel(part_ptr, o_ptr, pos_ptr, capacity, GROUP: tl.constexpr,
                              HEAD_DIM: tl.constexpr, N_SPLIT: tl.constexpr,
                              BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
-    n = tl.load(pos_ptr) + 1
+    n = slots_seen(tl.load(pos_ptr), capacity)  # as the partials' kernel saw them
     active = tl.cdiv(n, chunk_of(n, N_SPLIT, BLOCK_S))
     combine_head(part_ptr, o_ptr, tl.program_id(0), active, GROUP, HEAD_DIM, N_SPLIT)
 
@@ -188,7 +201,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      pdl: bool = False,
                      workspace: AttentionWorkspace | None = None) -> torch.Tensor:
     """Attention of q (heads * d,) on slots 0..pos of k_cache, v_cache (kv_heads,
-    capacity, d); pos a one-element tensor. Returns (heads * d,) in q's dtype."""
+    capacity, d); pos a one-element tensor (past the cache: all its slots, below 0:
+    slot 0). Returns (heads * d,) in q's dtype."""
     n_kv, capacity, head_dim = k_cache.shape
     group = q.numel() // (n_kv * head_dim)
     check_pow2(head_dim=head_dim, n_split=n_split, block_s=block_s)  # not group: padded
@@ -210,8 +224,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         **launch_options(num_warps, num_stages, pdl))
     if not inline_combine:
         attention_combine_kernel[(n_kv,)](
-            ws.partials, out, pos, GROUP=group, HEAD_DIM=head_dim, N_SPLIT=n_split,
-            BLOCK_S=block_s, PDL=pdl,
+            ws.partials, out, pos, capacity, GROUP=group, HEAD_DIM=head_dim,
+            N_SPLIT=n_split, BLOCK_S=block_s, PDL=pdl,
             **launch_options(num_warps, 1, pdl))
     return out
 

@@ -8,6 +8,12 @@ program to finish (`arrive`) reduces the per-block maxima, or a one-program kern
 launched after does (`argmax_reduce_kernel`). Reduced in block order with a strict
 comparison, the winner is the first index of the maximum over the whole vocabulary.
 The logits are rounded to the activations' dtype first, as PyTorch's argmax sees them.
+
+pos and the token are read from tensors, unchecked (a CUDA graph's replay runs whatever
+they hold; the decoder refuses a step past its capacity and ids outside the vocabulary
+on the host): both kernels stay inside their buffers whatever they hold. The embedding
+reads a clamped pos and a clamped id; the argmax writes tokens[pos + 1] only where that
+is a slot of the tokens.
 """
 
 from __future__ import annotations
@@ -43,7 +49,11 @@ def pick_token(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr, capacity,
         best_idx = tl.where(better, top_idx, best_idx)
         best = tl.maximum(best, top)
     pos = tl.load(pos_ptr)
-    tl.store(tokens_ptr + pos + 1, best_idx.to(tl.int64), mask=pos + 1 < capacity)
+    # Past the tokens (pos + 1 >= capacity, or a negative pos) no token is written, but
+    # pos still advances: every later step finds pos past the cache too, and writes
+    # nothing (the decoder's host count refuses such steps; a graph's replay runs them).
+    ours = (pos + 1 >= 0) & (pos + 1 < capacity)
+    tl.store(tokens_ptr + pos + 1, best_idx.to(tl.int64), mask=ours)
     tl.store(pos_ptr, pos + 1)
 
 
@@ -86,11 +96,15 @@ def argmax_reduce_kernel(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr,
 
 
 @triton.jit
-def embed_kernel(embed_ptr, tokens_ptr, pos_ptr, x_ptr, hidden, stride_e,
-                 BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """x = embed[tokens[pos]]."""
+def embed_kernel(embed_ptr, tokens_ptr, pos_ptr, x_ptr, hidden, stride_e, capacity,
+                 vocab, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """x = embed[tokens[pos]], pos clamped to the tokens [0, capacity) and the id to the
+    embedding's rows [0, vocab): out of range, x is some row of the embedding, which
+    does not matter (the decoder refuses such a pos or id before a step); what matters
+    is that no read leaves the buffers. Two scalar clamps a program."""
     pdl_wait(PDL)  # pos and the token come from the previous step
-    token = tl.load(tokens_ptr + tl.load(pos_ptr))
+    pos = tl.minimum(tl.maximum(tl.load(pos_ptr), 0), capacity - 1)
+    token = tl.minimum(tl.maximum(tl.load(tokens_ptr + pos), 0), vocab - 1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(embed_ptr + token * stride_e + cols, mask=cols < hidden)
     tl.store(x_ptr + cols, row, mask=cols < hidden)
@@ -114,7 +128,8 @@ def lm_head_argmax(w: torch.Tensor | Int8Matrix, x: torch.Tensor, logits: torch.
                    config: GemvConfig = GemvConfig(), inline: bool = True,
                    pdl: bool = False, workspace: ArgmaxWorkspace | None = None) -> None:
     """logits = W @ RMSNorm(x); tokens[pos + 1] = argmax(logits); pos += 1.
-    tokens: one row (capacity,) of int64; pos: a one-element int64 tensor."""
+    tokens: one row (capacity,) of int64; pos: a one-element int64 tensor. Where
+    pos + 1 is not a slot of tokens, no token is written (pos still advances)."""
     w, scale = unpack(w)
     n, k = w.shape
     if config.split_k != 1:
@@ -144,11 +159,13 @@ def lm_head_argmax(w: torch.Tensor | Int8Matrix, x: torch.Tensor, logits: torch.
 
 def embed(table: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor,
           x: torch.Tensor, *, block: int = 1024, pdl: bool = False) -> None:
-    """x = table[tokens[pos]] for one row `tokens` (capacity,) and pos (1,)."""
+    """x = table[tokens[pos]] for one row `tokens` (capacity,) and pos (1,); reads
+    nothing outside them whatever pos and the id are (`embed_kernel`)."""
     hidden = table.shape[1]
     check_pow2(block=block)
     embed_kernel[(triton.cdiv(hidden, block),)](
-        table, tokens, pos, x, hidden, table.stride(0), BLOCK=block, PDL=pdl,
+        table, tokens, pos, x, hidden, table.stride(0), tokens.numel(), table.shape[0],
+        BLOCK=block, PDL=pdl,
         **launch_options(4, 1, pdl))
 
 

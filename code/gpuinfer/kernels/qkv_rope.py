@@ -11,6 +11,11 @@ d + half) and rotates them in registers. The epilogue then writes the query head
 and the key and value heads straight into slot `pos` of the cache: no q/k/v vector,
 no separate rotary or cache-update kernel. With split-K the last program of a block of
 pairs rotates the finished sums (`split_k_sum`).
+
+pos is read from a tensor, unchecked (a CUDA graph's replay runs whatever pos holds):
+outside the cache's slots, the cache is not written and the rotary tables are read at
+row 0, so no call writes or reads outside its buffers (the decoder refuses such a step
+on the host; q is then meaningless, and nothing reads it but the same step).
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ def qkv_rope_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, q_ptr, k_cache_ptr, v_cac
     head = tl.where(valid, pp // HALF, 0)
     d = pp % HALF
     pos = tl.load(pos_ptr)
+    # a slot of the cache? (cache_head_stride = capacity * HEAD_DIM: no new argument)
+    in_cache = (pos >= 0) & (pos * HEAD_DIM < cache_head_stride)
+    pos = tl.where(in_cache, pos, 0)  # the tables' row and the slot stay in bounds
     table = pos * HEAD_DIM + d
     cos_lo = tl.load(cos_ptr + table).to(tl.float32)
     cos_hi = tl.load(cos_ptr + table + HALF).to(tl.float32)
@@ -77,8 +85,8 @@ def qkv_rope_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, q_ptr, k_cache_ptr, v_cac
         tl.store(q_at, lo, mask=is_q)
         tl.store(q_at + HALF, hi, mask=is_q)
         # heads N_HEADS.. are keys, then values: kv head h at slot pos of the cache
-        is_k = valid & rotary & (head >= N_HEADS)
-        is_v = valid & (head >= N_HEADS + N_KV)
+        is_k = valid & rotary & (head >= N_HEADS) & in_cache
+        is_v = valid & (head >= N_HEADS + N_KV) & in_cache
         kv_head = tl.where(is_v, head - N_HEADS - N_KV,
                            tl.where(is_k, head - N_HEADS, 0))
         slot = kv_head.to(tl.int64) * cache_head_stride + pos * HEAD_DIM + d
@@ -97,9 +105,13 @@ def qkv_rope(w: torch.Tensor | Int8Matrix, x: torch.Tensor, q: torch.Tensor,
     """q (n_heads * d,) = rotary(Wq xn); k_cache, v_cache (kv_heads, capacity, d): slot
     pos = rotary(Wk xn), Wv xn. w is the stacked (q; k; v) matrix, xn = RMSNorm(x) when
     `norm` is given; cos, sin (capacity, d) the rotary tables; pos a one-element
-    tensor."""
+    tensor. Where pos is not a slot of the cache, nothing is written to it."""
     w, scale = unpack(w)
     n_kv, capacity, head_dim = k_cache.shape
+    rows = min(cos.shape[0], sin.shape[0])
+    if rows < capacity:
+        raise ValueError(f"rotary tables of {rows} rows for a cache of {capacity} "
+                         "slots: make them (capacity, head_dim), a row per slot")
     n_rows, k = w.shape
     if n_rows != (n_heads + 2 * n_kv) * head_dim:
         raise ValueError(f"{tuple(w.shape)} is not q, k, v of {n_heads}/{n_kv} heads")
