@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
-from transformers.activations import ACT2FN
 
 _TINY = dict(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
              num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=2048,
@@ -60,15 +59,20 @@ def head_dim(config: LlamaConfig) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-# What `model.llama.forward` implements, and so what the decoders accept. The activation:
-# SiLU ("swish" is transformers' other name for it). The rotary embedding: every slot's cos
-# and sin come from one table the model's own rotary module computes up front
-# (`llama.rotary_table`); that is exact for the scalings whose table does not depend on
-# the sequence length. "dynamic" and "longrope" rescale it by the length; the others
-# ("yarn", ...) are not checked against transformers' tokens here.
-SILU = ("silu", "swish")
-ROPE_TYPES = ("default", "linear", "llama3")
-GENERATE = "use transformers' generate() for it"
+class Implemented:
+    """What `model.llama.forward` implements, and so what the decoders accept.
+
+    The activation: SiLU ("swish" is transformers' other name for it). The rotary
+    embedding: every slot's cos and sin come from one table that the model's own rotary
+    module computes up front (`llama.rotary_table`), exact for the scalings whose table
+    does not depend on the sequence length. "dynamic" and "longrope" rescale it by the
+    length; the others ("yarn", ...) are not checked against transformers' tokens here.
+    (A class, not module constants: a change here stales only the chapters whose code
+    reaches the checks, not every one that imports this module.)"""
+
+    ACTIVATIONS = ("silu", "swish")
+    ROPE_TYPES = ("default", "linear", "llama3")
+    INSTEAD = "use transformers' generate() for it"
 
 
 def rope_type(config) -> str:
@@ -79,15 +83,15 @@ def rope_type(config) -> str:
     if any(isinstance(v, dict) for v in params.values()):  # one per layer type: not Llama
         raise NotImplementedError(
             f"rope_parameters per layer type ({', '.join(map(str, params))}): the decoders "
-            f"use one rotary table for every layer; {GENERATE}")
+            f"use one rotary table for every layer; {Implemented.INSTEAD}")
     return params.get("rope_type") or params.get("type") or "default"
 
 
 def check_llama(config) -> None:
     """Refuse, with what to do instead, a model the book's decoders do not cover: another
     architecture than Llama's, or a Llama whose math `model.llama.forward` does not do
-    (biases, another activation than SiLU, a rotary scaling other than `ROPE_TYPES`, heads
-    that do not fit its widths).
+    (biases, another activation than SiLU, a rotary scaling other than
+    `Implemented.ROPE_TYPES`, heads that do not fit its widths).
 
     What `forward` need not refuse: `rms_norm_eps` and `tie_word_embeddings` are honoured
     (the eps is read, lm_head is the model's own tensor, the embedding when tied);
@@ -102,18 +106,18 @@ def check_llama(config) -> None:
     if biased:
         raise NotImplementedError(
             f"this Llama has {' and '.join(biased)}=True; the decoders' projections have "
-            f"no bias terms: {GENERATE}")
+            f"no bias terms: {Implemented.INSTEAD}")
     act = getattr(config, "hidden_act", "silu")
-    if act not in SILU:
+    if act not in Implemented.ACTIVATIONS:
         raise NotImplementedError(
             f"hidden_act={act!r}: the decoders' MLP computes SiLU(gate) * up (hidden_act "
-            f"'silu'); {GENERATE}")
-    rope = rope_type(config)
-    if rope not in ROPE_TYPES:
+            f"'silu'); {Implemented.INSTEAD}")
+    rope, taken = rope_type(config), Implemented.ROPE_TYPES
+    if rope not in taken:
         raise NotImplementedError(
             f"rope_parameters rope_type={rope!r}: the decoders take each slot's rotary "
-            f"angle from one table computed up front, exact for {', '.join(ROPE_TYPES)} "
-            f"only; {GENERATE}")
+            f"angle from one table computed up front, exact for {', '.join(taken)} only; "
+            f"{Implemented.INSTEAD}")
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     if heads % kv_heads:
         raise ValueError(f"num_attention_heads={heads} is not a multiple of "
@@ -136,11 +140,14 @@ def check_modules(model: LlamaForCausalLM) -> None:
         raise ValueError(f"num_hidden_layers={cfg.num_hidden_layers} but the model has "
                          f"{len(layers)} layers (transformers runs the first "
                          f"num_hidden_layers); build the model from its config")
-    rope = getattr(model.model.rotary_emb, "rope_type", "default")
-    if rope not in ROPE_TYPES:
-        raise NotImplementedError(f"the model's rotary module has rope_type={rope!r}; the "
-                                  f"decoders implement {', '.join(ROPE_TYPES)}; {GENERATE}")
-    silu = tuple({type(ACT2FN[name]) for name in SILU})
+    rope = getattr(model.model.rotary_emb, "rope_type", "default")  # it makes the table
+    if rope not in Implemented.ROPE_TYPES:
+        raise NotImplementedError(
+            f"the model's rotary module has rope_type={rope!r}; the decoders implement "
+            f"{', '.join(Implemented.ROPE_TYPES)}; {Implemented.INSTEAD}")
+    from transformers.activations import ACT2FN  # the modules each name makes
+
+    silu = tuple({type(ACT2FN[name]) for name in Implemented.ACTIVATIONS})
     for i, layer in enumerate(layers):
         attn = layer.self_attn
         expected = {"q_proj": (heads * d, cfg.hidden_size),
@@ -164,7 +171,7 @@ def check_modules(model: LlamaForCausalLM) -> None:
             raise NotImplementedError(
                 f"layer {i} has biases or an activation other than SiLU "
                 f"({type(layer.mlp.act_fn).__name__}) that its config does not say; "
-                f"{GENERATE}")
+                f"{Implemented.INSTEAD}")
 
 
 def load_llama(source, *, dtype: torch.dtype = torch.bfloat16,
