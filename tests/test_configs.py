@@ -40,7 +40,7 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
 ACCEPTED = {"default": {},
             "linear": {"rope_scaling": {"type": "linear", "factor": 4.0}},
             "llama3": {"rope_parameters": LLAMA3}}
-PROMPT, NEW = 40, 60  # 100 positions, past llama3's 64
+PROMPT, NEW = 24, 48  # 72 positions, past llama3's 64
 
 # Configs whose math the decoders do not do: (overrides, the first line's words).
 REFUSED = {
@@ -74,7 +74,8 @@ def test_the_rope_scalings_the_decoders_take_give_transformers_tokens(scaling, t
     assert len(set(reference[0].tolist())) > 5  # a test of something: not one token
     if scaling != "default":  # the scaling changes the angles and, here, the tokens
         plain = reduced()
-        assert not torch.allclose(rotary_table(model, 100)[0], rotary_table(plain, 100)[0])
+        assert not torch.allclose(rotary_table(model, PROMPT + NEW)[0],
+                                  rotary_table(plain, PROMPT + NEW)[0])
         assert not torch.equal(decode_naive(plain, prompt, NEW), reference)
     capacity = PROMPT + NEW
     static = StaticDecoder(model, 1, capacity)
@@ -175,6 +176,17 @@ def test_a_complete_folder_loads_and_a_tied_one_needs_no_lm_head(saved):
         tied = model.lm_head.weight is model.model.embed_tokens.weight
         assert tied == (which == "tied") and not model.training
         assert ("lm_head.weight" in load_file(saved / which / WEIGHTS)) == (not tied)
+
+
+def test_a_config_without_head_dim_takes_hidden_over_heads(saved, tmp_path):
+    """An older config.json has no head_dim: the heads are hidden_size / heads wide."""
+    folder = tmp_path / "no_head_dim"
+    shutil.copytree(saved / "tied", folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["head_dim"]  # 64 / 4 = 16, the saved projections' width
+    (folder / "config.json").write_text(json.dumps(config))
+    model = load_llama(folder, dtype=torch.float32)
+    assert model.config.head_dim == 16
 
 
 def test_a_folder_with_a_tensor_missing_is_refused_not_filled_at_random(saved, tmp_path):
