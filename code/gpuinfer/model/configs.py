@@ -59,9 +59,44 @@ def head_dim(config: LlamaConfig) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+class Implemented:
+    """What `model.llama.forward` implements, and so what the decoders accept.
+
+    The activation: SiLU ("swish" is transformers' other name for it). The rotary
+    embedding: every slot's cos and sin come from one table that the model's own rotary
+    module computes up front (`llama.rotary_table`), exact for the scalings whose table
+    does not depend on the sequence length. "dynamic" and "longrope" rescale it by the
+    length; the others ("yarn", ...) are not checked against transformers' tokens here.
+    (A class, not module constants: a change here stales only the chapters whose code
+    reaches the checks, not every one that imports this module.)"""
+
+    ACTIVATIONS = ("silu", "swish")
+    ROPE_TYPES = ("default", "linear", "llama3")
+    INSTEAD = "use transformers' generate() for it"
+
+
+def rope_type(config) -> str:
+    """The rotary scaling of `config`: transformers 5's `rope_parameters`, or an older
+    config's `rope_scaling`, its type spelled `rope_type` or `type`; "default" if none."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling",
+                                                                 None) or {}
+    if any(isinstance(v, dict) for v in params.values()):  # one per layer type: not Llama
+        raise NotImplementedError(
+            f"rope_parameters per layer type ({', '.join(map(str, params))}): the decoders "
+            f"use one rotary table for every layer; {Implemented.INSTEAD}")
+    return params.get("rope_type") or params.get("type") or "default"
+
+
 def check_llama(config) -> None:
     """Refuse, with what to do instead, a model the book's decoders do not cover: another
-    architecture than Llama's, or a Llama with biases in its projections."""
+    architecture than Llama's, or a Llama whose math `model.llama.forward` does not do
+    (biases, another activation than SiLU, a rotary scaling other than
+    `Implemented.ROPE_TYPES`, heads that do not fit its widths).
+
+    What `forward` need not refuse: `rms_norm_eps` and `tie_word_embeddings` are honoured
+    (the eps is read, lm_head is the model's own tensor, the embedding when tied);
+    `pretraining_tp` changes nothing in transformers 5's forward; `attention_dropout` acts
+    only in training, and the decoders do inference."""
     kind = getattr(config, "model_type", None)
     if kind != "llama":
         raise NotImplementedError(
@@ -71,7 +106,72 @@ def check_llama(config) -> None:
     if biased:
         raise NotImplementedError(
             f"this Llama has {' and '.join(biased)}=True; the decoders' projections have "
-            "no bias terms: use transformers' generate() for it")
+            f"no bias terms: {Implemented.INSTEAD}")
+    act = getattr(config, "hidden_act", "silu")
+    if act not in Implemented.ACTIVATIONS:
+        raise NotImplementedError(
+            f"hidden_act={act!r}: the decoders' MLP computes SiLU(gate) * up (hidden_act "
+            f"'silu'); {Implemented.INSTEAD}")
+    rope, taken = rope_type(config), Implemented.ROPE_TYPES
+    if rope not in taken:
+        raise NotImplementedError(
+            f"rope_parameters rope_type={rope!r}: the decoders take each slot's rotary "
+            f"angle from one table computed up front, exact for {', '.join(taken)} only; "
+            f"{Implemented.INSTEAD}")
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if heads % kv_heads:
+        raise ValueError(f"num_attention_heads={heads} is not a multiple of "
+                         f"num_key_value_heads={kv_heads}: grouped-query attention shares "
+                         "each key/value head by a whole group; fix the config")
+    if not getattr(config, "head_dim", None) and config.hidden_size % heads:
+        raise ValueError(f"head_dim=None and hidden_size={config.hidden_size} is not a "
+                         f"multiple of num_attention_heads={heads}: set head_dim in the "
+                         "config to the width of the checkpoint's heads")
+
+
+def check_modules(model: LlamaForCausalLM) -> None:
+    """Refuse a model whose modules do not compute what its config says, where the
+    decoders read the config (a config changed after the model was built): transformers
+    runs the modules, the decoders the config's heads, widths, layers and rotary table."""
+    cfg = model.config
+    d, heads, kv_heads = head_dim(cfg), cfg.num_attention_heads, cfg.num_key_value_heads
+    layers = model.model.layers
+    if len(layers) != cfg.num_hidden_layers:
+        raise ValueError(f"num_hidden_layers={cfg.num_hidden_layers} but the model has "
+                         f"{len(layers)} layers (transformers runs the first "
+                         f"num_hidden_layers); build the model from its config")
+    rope = getattr(model.model.rotary_emb, "rope_type", "default")  # it makes the table
+    if rope not in Implemented.ROPE_TYPES:
+        raise NotImplementedError(
+            f"the model's rotary module has rope_type={rope!r}; the decoders implement "
+            f"{', '.join(Implemented.ROPE_TYPES)}; {Implemented.INSTEAD}")
+    from transformers.activations import ACT2FN  # the modules each name makes
+
+    silu = tuple({type(ACT2FN[name]) for name in Implemented.ACTIVATIONS})
+    for i, layer in enumerate(layers):
+        attn = layer.self_attn
+        expected = {"q_proj": (heads * d, cfg.hidden_size),
+                    "k_proj": (kv_heads * d, cfg.hidden_size),
+                    "v_proj": (kv_heads * d, cfg.hidden_size),
+                    "o_proj": (cfg.hidden_size, heads * d)}
+        for name, shape in expected.items():
+            if tuple(getattr(attn, name).weight.shape) != shape:
+                raise ValueError(
+                    f"head_dim={d} (num_attention_heads={heads}, num_key_value_heads="
+                    f"{kv_heads}) does not fit layer {i}'s {name}: "
+                    f"{tuple(getattr(attn, name).weight.shape)}, not {shape}; "
+                    "use the config that came with these weights")
+        if getattr(attn, "head_dim", d) != d:
+            raise ValueError(f"head_dim={d} but layer {i}'s attention splits its heads "
+                             f"{attn.head_dim} wide (self_attn.head_dim); use the config "
+                             "that came with these weights")
+        linears = [getattr(attn, n) for n in expected] + [
+            layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj]
+        if any(m.bias is not None for m in linears) or not isinstance(layer.mlp.act_fn, silu):
+            raise NotImplementedError(
+                f"layer {i} has biases or an activation other than SiLU "
+                f"({type(layer.mlp.act_fn).__name__}) that its config does not say; "
+                f"{Implemented.INSTEAD}")
 
 
 def load_llama(source, *, dtype: torch.dtype = torch.bfloat16,
@@ -79,9 +179,12 @@ def load_llama(source, *, dtype: torch.dtype = torch.bfloat16,
                attn_implementation: str = "sdpa") -> LlamaForCausalLM:
     """A Llama to decode: `source` is a `LlamaForCausalLM` (returned as it is, checked) or
     the path of a local checkpoint folder (`save_pretrained`'s), loaded in `dtype` on
-    `device`, in eval mode. Nothing is downloaded."""
+    `device`, in eval mode. Nothing is downloaded. A folder is loaded strictly: a tensor
+    missing (which transformers would fill at random), unexpected or of another shape
+    than its config's is refused."""
     if isinstance(source, LlamaForCausalLM):
         check_llama(source.config)
+        check_modules(source)
         return source
     if not isinstance(source, (str, Path)):
         raise TypeError(f"load_llama takes a LlamaForCausalLM or a checkpoint folder, not "
@@ -92,9 +195,42 @@ def load_llama(source, *, dtype: torch.dtype = torch.bfloat16,
                                 "save_pretrained() wrote (config.json and the weights)")
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     check_llama(config)
-    model = LlamaForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True,
-                                             attn_implementation=attn_implementation)
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise FileNotFoundError(f"{folder}: no weights there (*.safetensors or *.bin); give "
+                                "the folder that save_pretrained() wrote")
+    # ignore_mismatched_sizes: a tensor of the wrong shape is reported with the others
+    # below, not raised by transformers as a RuntimeError that points at its log.
+    model, info = LlamaForCausalLM.from_pretrained(
+        folder, dtype=dtype, local_files_only=True, attn_implementation=attn_implementation,
+        output_loading_info=True, ignore_mismatched_sizes=True)
+    check_loaded(folder, config, info)
+    check_modules(model)
     return model.to(device).eval()
+
+
+def check_loaded(folder: Path, config, info: dict) -> None:
+    """Refuse a checkpoint whose tensors are not exactly its config's model's: transformers'
+    loading report `info` (missing, unexpected and mismatched keys, in 5.17 as in 5.25)
+    must be empty, except lm_head when the embeddings are tied (it is the embedding)."""
+    tied = getattr(config, "tie_word_embeddings", False)
+    shapes = {m[0]: f"{m[0]}: {tuple(m[1])} saved, {tuple(m[2])} by the config"
+              for m in info.get("mismatched_keys", ())}
+    problems = {
+        "missing": sorted(k for k in info.get("missing_keys", ())
+                          if not (tied and k == "lm_head.weight")),
+        "unexpected": sorted(info.get("unexpected_keys", ())),
+        "of another shape than the config's": [shapes[k] for k in sorted(shapes)]}
+    found = [f"{len(keys)} tensor{'s' * (len(keys) > 1)} {what} ({', '.join(keys[:3])}"
+             f"{', ...' if len(keys) > 3 else ''})" for what, keys in problems.items() if keys]
+    if any("self_attn" in k for k in shapes):  # the heads' widths, from the config
+        found.append(f"the config's head_dim={head_dim(config)}, num_attention_heads="
+                     f"{config.num_attention_heads}, num_key_value_heads="
+                     f"{config.num_key_value_heads} do not fit the saved projections")
+    if found:
+        raise ValueError(f"{folder}: the checkpoint does not match its config.json: "
+                         f"{'; '.join(found)}; transformers would fill such tensors at "
+                         "random: give the folder save_pretrained() wrote, with its own "
+                         "config.json")
 
 
 def build_model(config: LlamaConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32,
