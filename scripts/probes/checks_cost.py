@@ -1,9 +1,9 @@
 """Probe (issue 44): do the decoders' checks cost anything measurable? Chapter 5's Triton
 step on the 1B model (BF16, prompt 128), as checked now and as main had it before the
 checks (commit given to `old_package.sh`, imported as `gpuinfer_old`), in the same
-interleaved rounds: the graphed step (the replay: the kernels' masked writes are all that
-changed in it) and the eager step called from Python (`decode_step`, with the host-side
-count). Tokens of the two are asserted equal.
+interleaved rounds, two decoders of each (the difference between identical ones is the
+noise floor): the graphed step, in which the kernels' masked writes and clamped reads are
+all that changed; then each kernel's time in a profile. Tokens are asserted equal.
 
     bash scripts/probes/old_package.sh 2661907    # writes .probe/gpuinfer_old (ignored)
     python scripts/probes/checks_cost.py OUT_DIR   # on the GPU, .probe carried
@@ -35,10 +35,14 @@ out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 model = build_model(model_config(MODEL), seed=0, dtype=torch.bfloat16, device=DEVICE)
 prompt = random_prompt(model.config, PROMPT, device=DEVICE)
 capacity = capacity_for(PROMPT, NEW + REPLAYS)
+# Two decoders of each: the difference between two identical ones (A and B, the same
+# kernels on other buffers) is the noise floor a difference of the checks must beat.
 decoders = {"checked": TritonDecoder(model, capacity=capacity),
-            "before": OldDecoder(model, capacity=capacity)}
+            "before": OldDecoder(model, capacity=capacity),
+            "checked B": TritonDecoder(model, capacity=capacity),
+            "before B": OldDecoder(model, capacity=capacity)}
 tokens = {name: d.generate(prompt, NEW) for name, d in decoders.items()}
-assert torch.equal(tokens["checked"], tokens["before"]), "the checks changed the tokens"
+assert all(torch.equal(t, tokens["before"]) for t in tokens.values()), "tokens differ"
 
 fns = {}
 for name, d in decoders.items():
@@ -50,31 +54,42 @@ for name, d in decoders.items():
         for _ in range(REPLAYS):
             replay()
 
-    def eager(d=d):
-        d.pos.fill_(PROMPT)
-        if hasattr(d, "host_pos"):
-            d.host_pos = PROMPT
-        for _ in range(EAGER):
-            d.decode_step()
-
-    fns[name, "graphed"], fns[name, "eager"] = graphed, eager
+    fns[name] = graphed
 
 with torch.no_grad():
-    graphed_rounds = interleaved_rounds({k: f for k, f in fns.items() if k[1] == "graphed"},
-                                        rounds=ROUNDS, per_call=REPLAYS / 1e3)
-    eager_rounds = interleaved_rounds({k: f for k, f in fns.items() if k[1] == "eager"},
-                                      rounds=ROUNDS, per_call=EAGER / 1e3)
+    rounds = interleaved_rounds(fns, rounds=ROUNDS, per_call=REPLAYS / 1e3)
 result = {}
-for rounds in (graphed_rounds, eager_rounds):
-    for key in rounds.names:
-        t = rounds[key]
-        result[" ".join(key)] = {"median_us": t.median, "q1_us": t.q1, "q3_us": t.q3,
-                                 "min_us": t.min, "max_us": t.max,
-                                 "rounds": len(t.times_ms)}
-    a, b = rounds.names
+for key in rounds.names:
+    t = rounds[key]
+    result[key] = {"median_us": t.median, "q1_us": t.q1, "q3_us": t.q3, "min_us": t.min,
+                   "max_us": t.max, "rounds": len(t.times_ms)}
+for a, b in (("checked", "before"), ("checked", "checked B"), ("before", "before B"),
+             ("checked B", "before B")):
     print(rounds.compare(a, b).sentence())
 print(json.dumps(result, indent=1))
+
+# Where a difference sits: each kernel's mean time, by name, for one decoder of each.
+kernels = {}
+for name in ("checked", "before"):
+    d = decoders[name]
+    d.prefill(prompt)
+    replay = d.step_function()
+    if SMOKE:
+        break
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            replay()
+        torch.cuda.synchronize()
+    kernels[name] = {e.key[:60]: (e.device_time_total / 20, e.count / 20)
+                     for e in prof.key_averages()}
+if kernels:
+    print(f"{'kernel':60} {'checked us/step':>16} {'before us/step':>15} {'count':>6}")
+    for key in sorted(kernels["checked"], key=lambda k: -kernels["checked"][k][0]):
+        c, n = kernels["checked"][key]
+        b = kernels["before"].get(key, (float("nan"), 0))[0]
+        print(f"{key:60} {c:16.2f} {b:15.2f} {n:6.0f}")
 (out / "checks_cost.json").write_text(json.dumps({
     "gpu": "CPU smoke run" if SMOKE else torch.cuda.get_device_name(), "torch": torch.__version__,
-    "prompt": PROMPT, "capacity": capacity, "tokens_equal": True, "us_per_step": result},
+    "prompt": PROMPT, "capacity": capacity, "tokens_equal": True, "us_per_step": result,
+    "kernels_us_per_step": kernels},
     indent=1))
