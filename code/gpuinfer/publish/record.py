@@ -85,6 +85,18 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM (e.g. from `timeout`) cleans up like Ctrl-C
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (`timeout`, a job scheduler, `kill`) takes Ctrl-C's path while the command
+    holds the book: staged files, scratch folders and the kernel are removed, and the
+    previous recording stays. Its default action, a plain exit, would leave them all."""
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def _tmp_full_hint() -> str:
     """A sentence for a failure when the temporary folder has (nearly) filled up during the
     run: a cell then fails with whatever error its library gives for a file it could not
@@ -205,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = select_chapters(root, args.chapters)
         check_cells(root, chosen)
         if args.recover:
-            with hold_and_recover(book_chapters(root)):
+            with sigterm_as_interrupt(), hold_and_recover(book_chapters(root)):
                 log(f"book: {root}: nothing else to recover")
             return 0
         import torch
@@ -216,11 +228,15 @@ def main(argv: list[str] | None = None) -> int:
                 "the GPU machine, or pass --allow-cpu for a CPU smoke recording (labelled "
                 "as such and rejected by the tests).")
         check_writable(chosen)
-        with hold_and_recover(chosen):
+        with sigterm_as_interrupt(), hold_and_recover(chosen):
             return record_all(root, chosen, allow_cpu=args.allow_cpu)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the first chapter started: nothing was recorded
+        log("\nInterrupted before any chapter was recorded; the recordings are as they "
+            "were (run --recover if it stopped while finishing an earlier write).")
+        return 130
 
 
 def check_cells(root: Path, chosen: dict[str, Path]) -> None:
@@ -240,7 +256,6 @@ def check_cells(root: Path, chosen: dict[str, Path]) -> None:
 def record_all(root: Path, chosen: dict[str, Path], *, allow_cpu: bool) -> int:
     """Record the chosen chapters one after the other; the exit code."""
     log(f"book: {root}")
-    old_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
     results, current = [], None
     try:
         for current, path in chosen.items():
@@ -260,8 +275,6 @@ def record_all(root: Path, chosen: dict[str, Path], *, allow_cpu: bool) -> int:
             results.append(Result(current, False, seconds, "interrupted"))
         summary(results, chosen)
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, old_handler)
     summary(results, chosen)
     return 0 if all(r.ok for r in results) else 1
 
