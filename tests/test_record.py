@@ -120,7 +120,8 @@ def test_another_books_chapter_is_not_taken_for_this_ones(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["not-utf8", "front-matter", "outside", "two-named-alike",
-                                  "bad-toc"])
+                                  "bad-toc", "toc-file-not-a-path", "toc-missing-page",
+                                  "toc-nul-byte", "toc-entry-not-a-mapping"])
 def test_an_unreadable_book_stops_the_command_with_one_line(case, capsys, tmp_path):
     """Before any kernel starts, and without writing anything, outside the book least."""
     from test_recordings import UNREADABLE

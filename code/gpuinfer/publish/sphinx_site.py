@@ -79,6 +79,7 @@ class GPUSpecTable(SphinxDirective):
         root = Path(self.env.srcdir)
         for path in book.chapters(root).values():
             self.env.note_dependency(str(book.recording_path(path)))
+        self.env.note_dependency(str(root / "_toc.yml"))  # the chapters whose GPUs count
         self.env.note_dependency(roofline.__file__)
         book_gpus = {spec.name for meta in recorded_gpus(root).values()
                      if not meta.get("smoke")
