@@ -150,6 +150,30 @@ def test_a_linked_recording_is_refused_before_running(capsys, tmp_path):
     assert f"{recorded_dir / 'ch_b'} is a link" in line and "Remove the link" in line
 
 
+@pytest.mark.slow
+def test_a_linked_recordings_folder_is_neither_written_nor_trusted(book, capsys, tmp_path):
+    """book/_recorded a link to a folder elsewhere: the record command (and --recover)
+    refuse it with one line naming it and the fix, and write nothing through it; the
+    status reads no recording through it."""
+    recorded_dir = book / "book" / "_recorded"
+    elsewhere = tmp_path / "elsewhere"
+    recorded_dir.rename(elsewhere)
+    recorded_dir.symlink_to(elsewhere)
+    before = {p.relative_to(elsewhere).as_posix(): p.read_bytes()
+              for p in sorted(elsewhere.rglob("*")) if p.is_file()}
+    for args in (["--allow-cpu", "ch_b"], ["--recover"]):
+        assert record.main(["--root", str(book), *args]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert f"{recorded_dir} is a link (to {elsewhere})" in line, line
+        assert "Replace the link with a folder" in line
+    assert {p.relative_to(elsewhere).as_posix(): p.read_bytes()
+            for p in sorted(elsewhere.rglob("*")) if p.is_file()} == before
+    st = recordings.status(book, "ch_a", accept_cpu=True)
+    assert st.state == "linked" and "\n" not in st.message
+    assert "its recordings folder book/_recorded is a link" in st.message
+    assert "replace the link with a folder" in st.message
+
+
 def test_a_full_temporary_folder_is_found_before_running(capsys, tmp_path, monkeypatch):
     root = copy_book(tmp_path / "book")
     real = shutil.disk_usage

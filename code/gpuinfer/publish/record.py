@@ -35,9 +35,10 @@ from gpuinfer.publish import cells as cellkinds
 from gpuinfer.publish.measuring import execute, strip
 from gpuinfer.publish.gpumem import PeakMemory
 from gpuinfer.publish.hashes import current_hashes, outputs_hashes
-from gpuinfer.publish.preflight import (UsageError, book_chapters, check_writable,
-                                        find_root, free_mb, missing_packages,
-                                        recordings_folders, select_chapters)
+from gpuinfer.publish.preflight import (UsageError, book_chapters, check_not_linked,
+                                        check_writable, find_root, free_mb,
+                                        missing_packages, recordings_folders,
+                                        select_chapters)
 from gpuinfer.publish.validation import METADATA_KEY
 
 SIZE_LIMIT_MB = 20  # all recordings together, in the repository
@@ -61,6 +62,7 @@ def hold_and_recover(chapters: dict[str, Path]):
     or remove whatever an interrupted run left there."""
     with contextlib.ExitStack() as stack:
         for folder in recordings_folders(chapters):
+            check_not_linked(folder)
             try:
                 folder.mkdir(exist_ok=True)
             except OSError as exc:

@@ -297,7 +297,8 @@ def add_box(app, docname: str, source: list[str]) -> None:
 
 STATE_TEXT = {"fresh": "up to date", "stale": "stale (from an older version)",
               "missing": "not recorded yet", "cpu": "CPU smoke run, not a GPU",
-              "corrupt": "unreadable", "unfinished": "cut short while being written"}
+              "corrupt": "unreadable", "unfinished": "cut short while being written",
+              "linked": "read through a link, not trusted"}
 
 
 class RecordedRuntimes(SphinxDirective):
