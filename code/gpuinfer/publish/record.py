@@ -235,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # before the first chapter started: nothing was recorded
-        log("\nInterrupted before any chapter was recorded; the recordings are as they "
-            "were (run --recover if it stopped while finishing an earlier write).")
+    except KeyboardInterrupt:  # outside a chapter's run (record_all reports those)
+        log("\nInterrupted while no chapter was being recorded: every recording is whole "
+            "(`--recover` finishes one whose earlier write a kill cut short).")
         return 130
 
 
@@ -256,7 +256,9 @@ def check_cells(root: Path, chosen: dict[str, Path]) -> None:
 
 
 def record_all(root: Path, chosen: dict[str, Path], *, allow_cpu: bool) -> int:
-    """Record the chosen chapters one after the other; the exit code."""
+    """Record the chosen chapters one after the other; the exit code. Ctrl-C, or SIGTERM
+    (which `main` turns into it), stops the run with 130, the interrupted chapter's
+    previous recording kept."""
     log(f"book: {root}")
     results, current = [], None
     try:
