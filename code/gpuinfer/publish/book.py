@@ -4,8 +4,10 @@ A chapter is a file of the table of contents (`_toc.yml`) that is a MyST noteboo
 front matter says so); a draft is such a notebook beside the chapters that the TOC does not
 list. A chapter's recording is the executed notebook `_recorded/<stem>.ipynb` beside it,
 with its artifacts (profiler traces) in `_recorded/<stem>/`. A book whose TOC or pages
-cannot be read raises BookError, one line naming the file and the fix: the record command,
-the tests and the build all stop with it.
+cannot be read (a TOC entry of the wrong shape or naming no file among them) raises
+BookError, one line naming the file and the fix: the record command, the tests, the status
+and the build all stop with it. `check_artifacts_env` says where a build's previews may
+write their artifacts.
 """
 
 from __future__ import annotations
