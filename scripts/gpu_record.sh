@@ -20,10 +20,24 @@
 # `rm -rf book/_recorded/<chapter> && tar xzf <chapter>.tgz` (the folder first: an artifact
 # the new run did not write would otherwise stay, and make the recording read as stale). A
 # chapter that fails brings back nothing (its previous recording stays as it was). Exit code
-# 0 only if every chapter recorded and the tests passed; 2 for a bad OUT.
+# 0 only if every chapter recorded and the tests passed; 2 for a bad OUT, or for no CUDA GPU
+# (said first, before anything is installed) unless ALLOW_CPU=1.
 set -uo pipefail
 
 fail_usage() { echo "error: $*" >&2; exit 2; }
+
+# A GPU first, before anything is checked, installed or recorded: without one the record
+# command would refuse every chapter, after the wheels were installed.
+if [ "${ALLOW_CPU:-0}" != "1" ]; then
+  case "$(python3 -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null)" in
+    1) ;;
+    0) fail_usage "no CUDA GPU is visible here (torch.cuda.is_available() is False): run" \
+         "this on the GPU machine (check nvidia-smi and CUDA_VISIBLE_DEVICES), or set" \
+         "ALLOW_CPU=1 for CPU smoke recordings (--allow-cpu; the tests reject them)" ;;
+    *) fail_usage "python3 cannot import torch here, so no CUDA GPU can be used: run this" \
+         "on the GPU machine, whose python3 has torch" ;;
+  esac
+fi
 
 [ -n "${OUT:-}" ] || fail_usage "set OUT to the folder whose files come back, e.g." \
   "OUT=/tmp/out bash scripts/gpu_record.sh"

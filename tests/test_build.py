@@ -232,10 +232,56 @@ def recorded_fixture(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("artifacts", ["{root}/book/_recorded", "{root}/book", "leak"])
+@pytest.mark.parametrize("chapter_file", ["moved away", "kept"])
+def test_a_chapter_taken_out_of_the_toc_leaves_the_results_page(recorded_fixture, tmp_path,
+                                                                 chapter_file):
+    """An incremental build after ch_a left the TOC (its page moved away, or kept beside
+    the chapters as a draft): the results page shows only the chapters the TOC lists."""
+    root = Path(shutil.copytree(recorded_fixture, tmp_path / "book"))
+    html = root / "_build" / "html"
+    jupyter_book_build(root)
+    assert "V0 fixture" in re.sub(r"<[^>]+>", "", page(html, "book/results"))
+    toc = root / "_toc.yml"
+    toc.write_text(toc.read_text().replace("  - file: book/ch_a\n", ""))
+    if chapter_file == "moved away":
+        (root / "book" / "ch_a.md").rename(tmp_path / "ch_a.md")
+    log = jupyter_book_build(root).log
+    assert "build succeeded" in log
+    results_page = re.sub(r"<[^>]+>", "", page(html, "book/results"))
+    assert "V0 fixture" not in results_page and "V9 fixture" not in results_page
+
+
+CODE = Path(book.__file__).resolve().parents[2]  # code/, the package's sources
+
+
+@pytest.mark.parametrize("artifacts", [
+    "{root}", "{root}/_build/traces", "{root}/book", "{root}/book/_recorded/x", "{root}/..",
+    "/", "{code}", "{code}/gpuinfer", "{code}/gpuinfer/publish", "{code}/..", "leak"])
+def test_an_artifacts_folder_in_or_around_the_book_or_the_package_is_refused(tmp_path,
+                                                                               artifacts):
+    """A preview writes a folder per chapter under GPUINFER_ARTIFACTS: refused in the
+    book's root, its chapters or recordings, the package's sources, or a folder holding
+    the book or the package (a preview would write among them); one line naming the value
+    and where to point it. Unset, or a folder apart from both: accepted."""
+    root = tmp_path / "repo"
+    (root / "book").mkdir(parents=True)
+    value = artifacts.format(root=root, code=CODE)
+    with pytest.raises(book.BookError) as caught:
+        book.check_artifacts_env(root, value)
+    line = str(caught.value)
+    assert line.startswith(f"GPUINFER_ARTIFACTS={value} ") and "\n" not in line
+    assert "unset it" in line and "absolute folder outside the book and the package" in line
+    for fine in (None, "", str(tmp_path / "artifacts")):
+        book.check_artifacts_env(root, fine)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("artifacts", ["{root}/book/_recorded", "{root}/book", "leak",
+                                       "{root}", "{root}/.."])
 def test_a_build_never_writes_into_the_recordings(recorded_fixture, tmp_path, artifacts):
     """A stale chapter would run as a preview and write its trace under GPUINFER_ARTIFACTS:
-    into the recordings, or the book, or (relative) each chapter's folder. Refused."""
+    into the recordings, or the book, or (relative) each chapter's folder, or beside the
+    book's sources. Refused."""
     root = Path(shutil.copytree(recorded_fixture, tmp_path / "book"))
     ch_a = root / "book" / "ch_a.md"
     ch_a.write_text(ch_a.read_text().replace("answer = sum(range(10))",
@@ -246,6 +292,7 @@ def test_a_build_never_writes_into_the_recordings(recorded_fixture, tmp_path, ar
     assert line.startswith(f"error: GPUINFER_ARTIFACTS={value} ") and "unset it" in line
     assert recorded_files(root) == before
     assert not (root / "book" / "leak").exists() and not (root / "book" / "ch_a").exists()
+    assert not (root / "ch_a").exists() and not (tmp_path / "ch_a").exists()
 
 
 @pytest.mark.slow
@@ -262,7 +309,8 @@ def test_a_presentation_cell_that_touches_the_gpu_stops_the_build(recorded_fixtu
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["not-utf8", "front-matter", "outside", "two-named-alike"])
+@pytest.mark.parametrize("case", ["not-utf8", "front-matter", "outside", "two-named-alike",
+                                  "toc-missing-page", "toc-nul-byte"])
 def test_an_unreadable_book_stops_the_build_with_one_line(case, tmp_path):
     from test_recordings import UNREADABLE
 

@@ -62,3 +62,26 @@ def test_a_file_that_is_not_a_notebook_is_one_line(tmp_path, capsys, text):
     assert compare.main([str(good), str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {bad} is not a notebook"), err
+
+
+def test_glued_markdown_prints_as_its_text(tmp_path, capsys):
+    """A value glued as a Markdown object (a verdict in words, shown with {glue:md}): its
+    markdown source, on one line, never `<IPython.core.display.Markdown object>`."""
+    def markdown(path, text):
+        nb = json.loads(notebook(path, "NVIDIA H200", {"bw_tbs": "4.18"}).read_text())
+        nb["cells"][0]["outputs"].insert(0, {
+            "output_type": "display_data",
+            "data": {GLUE: "<IPython.core.display.Markdown object>",
+                     GLUE.replace("plain", "markdown"): text},
+            "metadata": {"scrapbook": {"name": "verdict", "mime_prefix": GLUE[:-10]}}})
+        path.write_text(json.dumps(nb))
+        return path
+
+    a = markdown(tmp_path / "h200.ipynb", "**1.8×** faster than\nthe naive loop")
+    b = markdown(tmp_path / "mine.ipynb", "**1.2×** faster")
+    rows = {r[0]: r for r in compare.compare(a, b)}
+    assert rows["verdict"] == ("verdict", "**1.8×** faster than the naive loop",
+                               "**1.2×** faster", "")
+    assert compare.main([str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "Markdown object" not in out and "**1.2×** faster" in out

@@ -33,7 +33,7 @@ def repo(tmp_path) -> Path:
 
 def run(repo: Path, cwd: Path, out: str | None, *chapters: str, **env):
     environ = {k: v for k, v in os.environ.items() if k != "OUT"}
-    environ.update(GPU_TESTS="0", ALLOW_CPU="1", **env)
+    environ.update({"GPU_TESTS": "0", "ALLOW_CPU": "1", **env})
     if out is not None:
         environ["OUT"] = out
     return subprocess.run(["bash", str(repo / "scripts" / "gpu_record.sh"), *chapters],
@@ -54,6 +54,20 @@ def test_a_bad_out_stops_it_before_anything_runs(repo, tmp_path, out, said):
     assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], lines
     assert proc.stdout == ""  # nothing installed, nothing recorded
     assert not (repo / "book" / "_recorded").exists()
+
+
+def test_no_gpu_is_said_first_in_one_line(repo, tmp_path):
+    """Without ALLOW_CPU, on a machine where no CUDA GPU is visible (made so on any
+    machine: CUDA_VISIBLE_DEVICES empty): one line saying so and what to do, exit 2,
+    before OUT is made, anything is installed or a chapter is read."""
+    out = tmp_path / "out"
+    proc = run(repo, tmp_path, str(out), "ch_b", ALLOW_CPU="0", CUDA_VISIBLE_DEVICES="")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no CUDA GPU is visible"), lines
+    assert "run this on the GPU machine" in lines[0] and "ALLOW_CPU=1" in lines[0]
+    assert proc.stdout == ""  # nothing installed, nothing recorded
+    assert not out.exists() and not (repo / "book" / "_recorded").exists()
 
 
 def test_an_unknown_chapter_is_one_line(repo, tmp_path):

@@ -120,7 +120,8 @@ def test_another_books_chapter_is_not_taken_for_this_ones(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["not-utf8", "front-matter", "outside", "two-named-alike",
-                                  "bad-toc"])
+                                  "bad-toc", "toc-file-not-a-path", "toc-missing-page",
+                                  "toc-nul-byte", "toc-entry-not-a-mapping"])
 def test_an_unreadable_book_stops_the_command_with_one_line(case, capsys, tmp_path):
     """Before any kernel starts, and without writing anything, outside the book least."""
     from test_recordings import UNREADABLE
@@ -147,6 +148,30 @@ def test_a_linked_recording_is_refused_before_running(capsys, tmp_path):
     assert record.main(["--root", str(root), "--allow-cpu", "ch_b"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert f"{recorded_dir / 'ch_b'} is a link" in line and "Remove the link" in line
+
+
+@pytest.mark.slow
+def test_a_linked_recordings_folder_is_neither_written_nor_trusted(book, capsys, tmp_path):
+    """book/_recorded a link to a folder elsewhere: the record command (and --recover)
+    refuse it with one line naming it and the fix, and write nothing through it; the
+    status reads no recording through it."""
+    recorded_dir = book / "book" / "_recorded"
+    elsewhere = tmp_path / "elsewhere"
+    recorded_dir.rename(elsewhere)
+    recorded_dir.symlink_to(elsewhere)
+    before = {p.relative_to(elsewhere).as_posix(): p.read_bytes()
+              for p in sorted(elsewhere.rglob("*")) if p.is_file()}
+    for args in (["--allow-cpu", "ch_b"], ["--recover"]):
+        assert record.main(["--root", str(book), *args]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert f"{recorded_dir} is a link (to {elsewhere})" in line, line
+        assert "Replace the link with a folder" in line
+    assert {p.relative_to(elsewhere).as_posix(): p.read_bytes()
+            for p in sorted(elsewhere.rglob("*")) if p.is_file()} == before
+    st = recordings.status(book, "ch_a", accept_cpu=True)
+    assert st.state == "linked" and "\n" not in st.message
+    assert "its recordings folder book/_recorded is a link" in st.message
+    assert "replace the link with a folder" in st.message
 
 
 def test_a_full_temporary_folder_is_found_before_running(capsys, tmp_path, monkeypatch):
@@ -416,7 +441,8 @@ def test_failing_cell_keeps_the_previous_recording(book, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["interrupt", "kill"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+                         ids=["interrupt", "terminate", "kill"])
 def test_interrupt_or_kill_keeps_the_previous_recording(book, tmp_path, sig, capsys):
     """...and, while the first runs, a second recorder on the book is refused; a kill
     leaves no kernel connection file (it holds the kernel's key) outside the run's scratch
@@ -453,7 +479,7 @@ def test_interrupt_or_kill_keeps_the_previous_recording(book, tmp_path, sig, cap
             except ProcessLookupError:
                 pass
     assert proc.returncode != 0
-    if sig == signal.SIGINT:
+    if sig in (signal.SIGINT, signal.SIGTERM):
         assert proc.returncode == 130 and "Interrupted after" in out
         for noise in ("Traceback", "ZMQError", "AssertionError"):
             assert noise not in out, out
@@ -471,6 +497,45 @@ def test_interrupt_or_kill_keeps_the_previous_recording(book, tmp_path, sig, cap
                        capture_output=True)
         from gpuinfer import env
         assert not [p for p in tmp.glob(f"{env.SCRATCH_PREFIX}*")], list(tmp.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("at", ["staging", "next-chapter"])
+def test_sigterm_after_a_chapter_ran_cleans_up_as_ctrl_c_does(book, tmp_path, at):
+    """SIGTERM once the kernel is done (nbclient then leaves SIGTERM's default action, a
+    plain exit): while the new recording is staged beside the old one, or as the next
+    chapter starts. It ends as Ctrl-C does: exit 130, the previous recording byte for
+    byte, no staged file and no scratch folder left."""
+    before = recorded_files(book)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    hook = {"staging": "store.stage_artifacts", "next-chapter": "record.book.read_chapter"}[at]
+    code = (
+        "import os, signal, sys\n"
+        "from gpuinfer.publish import record, store\n"
+        f"real, calls = {hook}, []\n"
+        "def hooked(*args):\n"
+        "    calls.append(args)\n"
+        # the 4th read of a chapter: ch_b's, as it starts (the first two check the cells)
+        f"    if len(calls) == {1 if at == 'staging' else 4}:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real(*args)\n"
+        f"{hook} = hooked\n"
+        f"sys.exit(record.main(['--root', {str(book)!r}, '--allow-cpu', 'ch_a', 'ch_b']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TMPDIR": str(tmp)},
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 130, out
+    assert "Interrupted after" in out and "Traceback" not in out, out
+    if at == "staging":
+        assert recorded_files(book) == before
+    else:  # ch_a was recorded whole before it came; ch_b is as it was
+        after = recorded_files(book)
+        assert {k: v for k, v in after.items() if "ch_b" in k} == \
+            {k: v for k, v in before.items() if "ch_b" in k}
+        assert recordings.status(book, "ch_a", accept_cpu=True).fresh
+    assert no_scratch_files(book)
+    assert not list(tmp.glob("gpuinfer-*")), list(tmp.iterdir())
 
 
 @pytest.mark.slow

@@ -112,6 +112,13 @@ def _not_a_toc(root):
     (root / "_toc.yml").write_text("- book/ch_a\n")
 
 
+def _toc_with(chapters: str):
+    def damage(root):
+        (root / "_toc.yml").write_text(f"format: jb-book\nroot: book/intro\nchapters:\n"
+                                        f"{chapters}")
+    return damage
+
+
 UNREADABLE = {
     "not-utf8": (_not_utf8, "book/intro.md is not UTF-8 text: byte 0xe9 on line"),
     "front-matter": (_bad_front_matter, "book/ch_b.md: its front matter is not valid YAML"),
@@ -122,6 +129,25 @@ UNREADABLE = {
                         "lists two chapters named ch_b (book/ch_b.md, other/ch_b.md)"),
     "bad-toc": (_bad_toc, "_toc.yml is not valid YAML (line 5)"),
     "not-a-toc": (_not_a_toc, "_toc.yml is not a Jupyter Book table of contents"),
+    # the shapes a TOC can take that YAML reads but Jupyter Book does not
+    "toc-file-not-a-path": (_toc_with("  - file: 5\n"),
+                            "_toc.yml is not a Jupyter Book table of contents: the entry "
+                            "chapters[0] has file: 5, which is not a page path"),
+    "toc-file-empty": (_toc_with("  - file:\n"), "chapters[0] has file: None"),
+    "toc-sections-not-a-list": (_toc_with("  - file: book/ch_a\n    sections: book/ch_b\n"),
+                                "the entry chapters[0] has sections: 'book/ch_b', which is "
+                                "not a list of entries"),
+    "toc-entry-not-a-mapping": (_toc_with("  - book/ch_a\n"),
+                                "the entry chapters[0] is 'book/ch_a', not a mapping"),
+    "toc-entry-without-file": (_toc_with("  - title: A\n"),
+                               "the entry chapters[0] ({'title': 'A'}) has no file: key"),
+    "toc-missing-page": (_toc_with("  - file: book/ch_a\n  - file: book/nope\n"),
+                         "_toc.yml: the entry 'book/nope' names no file of the book (no "
+                         "book/nope.md)"),
+    "toc-nul-byte": (_toc_with('  - file: "book/ch\\0a"\n'),
+                     "the entry 'book/ch\\x00a' is not a usable file name"),
+    "toc-name-too-long": (_toc_with(f"  - file: book/{'a' * 300}\n"),
+                          "is not a usable file name (File name too long)"),
 }
 
 

@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from gpuinfer.publish import store
 from gpuinfer.publish.book import artifacts_path, journal_path, recording_path
 from gpuinfer.publish.validation import METADATA_KEY
 
+ROOT = Path(__file__).resolve().parent.parent
 OLD_TRACE = b'{"old": true}'
 
 
@@ -321,3 +323,39 @@ def test_stage_artifacts_gzips_json_and_lifts_the_chapters_folder(tmp_path):
         assert json.load(f) == {"traceEvents": []}
     assert (staged / "other.txt").read_text() == "x"
     assert not store.stage_artifacts("ch", tmp_path / "empty", tmp_path / "staged2")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_git_ignores_what_a_commit_writes_besides_the_recording(tmp_path, monkeypatch):
+    """Every path a commit makes in the recordings folder, seen at each of its renames (the
+    journal and its temp file, the staged pair, the set-aside folder), and the preflight's
+    write check: ignored by the repository's .gitignore, so that what a killed run leaves
+    is never committed; the recording itself (the notebook, its artifacts) is not."""
+    chapter = make_book(tmp_path / "repo")
+    repo = tmp_path / "repo"
+    shutil.copy(ROOT / ".gitignore", repo / ".gitignore")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    folder = recording_path(chapter).parent
+    old = {p.relative_to(repo).as_posix() for p in folder.rglob("*")}  # the old recording
+    seen, real = set(), os.replace
+
+    def replace(src, dst):
+        for path in (Path(src), Path(dst), *folder.rglob("*")):
+            seen.add(Path(path).relative_to(repo).as_posix())
+        return real(src, dst)
+
+    monkeypatch.setattr(store.os, "replace", replace)
+    store.commit(chapter, *new_run(tmp_path))
+    recording = {p.relative_to(repo).as_posix() for p in folder.rglob("*")}
+    written = sorted(seen - recording - old) + ["book/_recorded/.write-check.k2j4x9.tmp"]
+    assert any(path.endswith(".commit") for path in written), written
+    assert any(".new.tmp" in path for path in written), written
+
+    def ignored(paths):
+        proc = subprocess.run(["git", "-C", str(repo), "check-ignore", "--no-index",
+                               "--stdin"], input="\n".join(paths), capture_output=True,
+                              text=True)
+        return set(proc.stdout.split())
+
+    assert ignored(written) == set(written)
+    assert ignored(sorted(recording | old)) == set()

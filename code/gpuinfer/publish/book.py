@@ -4,8 +4,10 @@ A chapter is a file of the table of contents (`_toc.yml`) that is a MyST noteboo
 front matter says so); a draft is such a notebook beside the chapters that the TOC does not
 list. A chapter's recording is the executed notebook `_recorded/<stem>.ipynb` beside it,
 with its artifacts (profiler traces) in `_recorded/<stem>/`. A book whose TOC or pages
-cannot be read raises BookError, one line naming the file and the fix: the record command,
-the tests and the build all stop with it.
+cannot be read (a TOC entry of the wrong shape or naming no file among them) raises
+BookError, one line naming the file and the fix: the record command, the tests, the status
+and the build all stop with it. `check_artifacts_env` says where a build's previews may
+write their artifacts.
 """
 
 from __future__ import annotations
@@ -99,6 +101,36 @@ def is_myst_notebook(path: Path, root: Path | None = None) -> bool:
     return fmt == "myst" or meta.get("file_format") == "mystnb"
 
 
+TOC_LISTS = ("parts", "chapters", "sections")  # the keys whose value is a list of entries
+TOC_TARGETS = ("file", "glob", "url")  # what an entry of such a list points at
+
+
+def _toc_problem(entry, where: str) -> str | None:
+    """What is wrong with the TOC (sub)tree `entry` at `where` ('' for the top level,
+    'parts[1].chapters[2]'), in words, or None: the shape Jupyter Book reads, checked
+    before any of it is used."""
+    said = f"the entry {where}" if where else "the top level"
+    if not isinstance(entry, dict):
+        return f"{said} is {entry!r}, not a mapping (key: value lines)"
+    for key in ("root", "file", "glob", "url"):
+        value = entry.get(key)
+        if key in entry and (not isinstance(value, str) or not value.strip()):
+            return f"{said} has {key}: {value!r}, which is not a page path"
+    for key in [key for key in TOC_LISTS if key in entry]:
+        if not isinstance(entry[key], list) or not entry[key]:
+            return (f"{said} has {key}: {entry[key]!r}, which is not a list of entries "
+                    "(- file: ... lines)")
+        for i, item in enumerate(entry[key]):
+            at = f"{where}.{key}[{i}]" if where else f"{key}[{i}]"
+            needs = ("chapters",) if key == "parts" else TOC_TARGETS
+            if isinstance(item, dict) and not any(k in item for k in needs):
+                return f"the entry {at} ({item!r}) has no {needs[0]}: key"
+            problem = _toc_problem(item, at)
+            if problem:
+                return problem
+    return None
+
+
 def toc_files(root: Path | str) -> list[str]:
     """Every page of the TOC, as written there ('book/intro', 'book/01_roofline', ...);
     BookError when _toc.yml is missing or is not a Jupyter Book TOC."""
@@ -113,29 +145,58 @@ def toc_files(root: Path | str) -> list[str]:
     except yaml.YAMLError as exc:
         raise BookError(f"{_shown(toc)} is not valid YAML{_yaml_problem(exc)}; fix it") \
             from None
+    except RecursionError:  # nesting a parser cannot follow
+        raise BookError(f"{_shown(toc)} nests too deeply to be a table of contents; fix "
+                        "it") from None
     if not isinstance(data, dict) or not isinstance(data.get("root"), str):
         raise BookError(f"{_shown(toc)} is not a Jupyter Book table of contents: it needs "
                         "a 'root:' page (see jupyterbook.org, 'Table of Contents')")
+    try:
+        problem = _toc_problem(data, "")
+    except RecursionError:
+        problem = "it nests entries too deeply"
+    if problem:
+        raise BookError(f"{_shown(toc)} is not a Jupyter Book table of contents: {problem}; "
+                        "fix it (see jupyterbook.org, 'Table of Contents')")
     return toc_entries(data)
+
+
+def _page_path(root: Path, entry: str) -> Path:
+    """The file of a TOC entry: 'book/01_roofline' -> root/book/01_roofline.md (the file
+    as written when the entry names its suffix)."""
+    path = root / entry
+    if path.suffix in (".md", ".ipynb", ".rst") or path.is_file():
+        return path
+    return root / (entry + ".md")
 
 
 def chapters(root: Path | str) -> dict[str, Path]:
     """The book's chapters in TOC order: {stem: path of the .md}. BookError for a TOC entry
-    outside the book (its recording would be written there), for two chapters with one
-    name (a chapter is named by its file's stem), and for a page that cannot be read."""
+    outside the book (its recording would be written there) or naming no file, for two
+    chapters with one name (a chapter is named by its file's stem), and for a page that
+    cannot be read."""
     root = Path(root)
     inside = root.resolve()
+    toc = _shown(root / "_toc.yml")
     found = {}
     for entry in toc_files(root):
-        path = root / (entry if entry.endswith(".md") else entry + ".md")
-        if not path.resolve().is_relative_to(inside):
-            raise BookError(f"{_shown(root / '_toc.yml')}: the entry {entry!r} lies "
-                            f"outside the book ({inside}); list pages inside the book's "
-                            "folder")
-        if path.is_file() and is_myst_notebook(path, root):
+        try:
+            path = _page_path(root, entry)
+            outside = not path.resolve().is_relative_to(inside)
+            is_file = path.is_file()
+        except (OSError, ValueError) as exc:  # a NUL byte, a name too long
+            raise BookError(f"{toc}: the entry {entry[:60]!r} is not a usable file name "
+                            f"({getattr(exc, 'strerror', None) or exc}); fix it") from None
+        if outside:
+            raise BookError(f"{toc}: the entry {entry!r} lies outside the book ({inside}); "
+                            "list pages inside the book's folder")
+        if not is_file:
+            raise BookError(f"{toc}: the entry {entry!r} names no file of the book (no "
+                            f"{_shown(path, root)}); fix the entry, or add the page")
+        if path.suffix == ".md" and is_myst_notebook(path, root):
             if path.stem in found:
                 raise BookError(
-                    f"{_shown(root / '_toc.yml')} lists two chapters named {path.stem} "
+                    f"{toc} lists two chapters named {path.stem} "
                     f"({_shown(found[path.stem], root)}, {_shown(path, root)}); chapters "
                     "are named by their file names: rename one")
             found[path.stem] = path
@@ -166,6 +227,32 @@ def journal_path(chapter_path: Path) -> Path:
     """`book/_recorded/.01_roofline.commit`: there while a recording is being written (see
     gpuinfer.publish.store); left behind only by a write cut short by a kill."""
     return chapter_path.parent / "_recorded" / f".{chapter_path.stem}.commit"
+
+
+def check_artifacts_env(root: Path | str, value: str | None) -> None:
+    """BookError unless `value`, the GPUINFER_ARTIFACTS a build's previews would write
+    their artifacts under (a folder per chapter: gpuinfer.env.artifact_dir), is unset or an
+    absolute folder apart from the book and the package: not relative (each chapter would
+    take it from its own folder), not in the book's root (its chapters, their recordings,
+    its sources) or the package's folder, and not a folder that holds either."""
+    if not value:
+        return
+    if not Path(value).is_absolute():
+        raise BookError(f"GPUINFER_ARTIFACTS={value} is a relative path, which each chapter "
+                        "would take from its own folder, inside the book: unset it (a "
+                        "build keeps a preview's artifacts in a temporary folder) or give "
+                        "an absolute folder outside the book and the package")
+    folder = Path(value).resolve()
+    code = Path(__file__).resolve().parents[2]  # code/, above the gpuinfer package
+    for kind, place in (("book", Path(root).resolve()), ("package's sources", code)):
+        if folder.is_relative_to(place) or place.is_relative_to(folder):
+            where = ("is" if folder == place else
+                     "lies in" if folder.is_relative_to(place) else "holds")
+            raise BookError(f"GPUINFER_ARTIFACTS={value} {where} the {kind} ({place}), "
+                            "where a preview would write a folder per chapter (over "
+                            "recorded artifacts, or into the sources): unset it, or give "
+                            "an absolute folder outside the book and the package, such as "
+                            "a new folder under /tmp")
 
 
 def read_chapter(path: Path):

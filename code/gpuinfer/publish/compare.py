@@ -52,6 +52,19 @@ def glued_in(nb) -> dict[str, str]:
             if "text/plain" in data}
 
 
+def glued_text(nb) -> dict[str, str]:
+    """{name: text} of every value a notebook glued, as a terminal shows it: a glued
+    Markdown object (`glue(name, Markdown(...))`, shown by `{glue:md}`) as its markdown
+    source, not its text/plain, which is only `<IPython.core.display.Markdown object>`;
+    on one line."""
+    found = {}
+    for name, data in glued_outputs(nb):
+        text = data.get("text/markdown", data.get("text/plain"))
+        if isinstance(text, str):
+            found[name] = " ".join(text.split())
+    return found
+
+
 def as_number(text: str) -> float | None:
     """The float in a glued text/plain value ('4.18', 'np.float64(4.18)'), else None."""
     match = NUMBER.match(text.strip().strip("'\""))
@@ -66,8 +79,9 @@ def provenance(path: Path | str) -> str:
 
 
 def recording_values(path: Path | str) -> dict[str, str]:
-    """{name: text} of every value a recording's page glues: its measurement cells' from
-    the recording, its presentation cells' computed from the data kept beside it."""
+    """{name: text} of every value a recording's page glues (`glued_text`): its
+    measurement cells' from the recording, its presentation cells' computed from the data
+    kept beside it."""
     import nbformat
 
     from gpuinfer.publish.cells import is_presentation
@@ -78,7 +92,7 @@ def recording_values(path: Path | str) -> dict[str, str]:
     nb = nbformat.read(path, as_version=4)
     if any(is_presentation(c) for c in nb.cells if c.cell_type == "code"):
         present(nb, path.with_suffix("") / DATA_FILE, path.parent, path.stem)
-    return glued_in(nb)
+    return glued_text(nb)
 
 
 def compare(baseline: Path | str, yours: Path | str) -> list[tuple[str, str, str, str]]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -96,6 +98,10 @@ def execute(chapter: str, nb, cwd: Path, artifacts: Path, connection_file: Path)
     client.km.connection_file = str(connection_file)  # not the system's temporary folder
     old = os.environ.get("GPUINFER_ARTIFACTS")
     os.environ["GPUINFER_ARTIFACTS"] = str(artifacts)  # the kernel inherits it
+    # nbclient puts SIGTERM back to the default action (a plain kill) when it is done:
+    # the caller's handler, which cleans up as Ctrl-C does, is restored below.
+    on_main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if on_main else None
     # The kernel's own log (its start-up warnings, and the errors it logs when it is shut
     # down mid-cell) goes to a file, shown only when the kernel itself fails.
     kernel_log = tempfile.TemporaryFile("w+", encoding="utf8")
@@ -120,6 +126,8 @@ def execute(chapter: str, nb, cwd: Path, artifacts: Path, connection_file: Path)
             os.environ.pop("GPUINFER_ARTIFACTS")
         else:
             os.environ["GPUINFER_ARTIFACTS"] = old
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
     return seconds
 
 

@@ -112,11 +112,23 @@ def free_mb(folder: Path) -> float:
     return shutil.disk_usage(folder).free / 2**20
 
 
+def check_not_linked(folder: Path) -> None:
+    """UsageError if the recordings folder is a link: the recordings would be written
+    through it, outside the book, where git does not see them."""
+    if folder.is_symlink():
+        raise UsageError(f"{folder} is a link (to {os.readlink(folder)}); recordings are "
+                         "written into the book's own folder, never through a link. "
+                         f"Replace the link with a folder (rm {folder}; mkdir {folder}, and "
+                         "copy back what it pointed to), then record again")
+
+
 def check_writable(chapters: dict[str, Path]) -> None:
     """Fail now, not after an hour of GPU work, if a recording could not be written: each
-    recordings folder must take a file and have room, no recording may be a link (it would
-    be written through it), and the temporary folder must have room for the run."""
+    recordings folder must be a folder of the book (not a link), take a file and have
+    room, no recording may be a link (it would be written through it), and the temporary
+    folder must have room for the run."""
     for folder in recordings_folders(chapters):
+        check_not_linked(folder)
         try:
             folder.mkdir(exist_ok=True)
             fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check.", suffix=".tmp")

@@ -35,9 +35,10 @@ from gpuinfer.publish import cells as cellkinds
 from gpuinfer.publish.measuring import execute, strip
 from gpuinfer.publish.gpumem import PeakMemory
 from gpuinfer.publish.hashes import current_hashes, outputs_hashes
-from gpuinfer.publish.preflight import (UsageError, book_chapters, check_writable,
-                                        find_root, free_mb, missing_packages,
-                                        recordings_folders, select_chapters)
+from gpuinfer.publish.preflight import (UsageError, book_chapters, check_not_linked,
+                                        check_writable, find_root, free_mb,
+                                        missing_packages, recordings_folders,
+                                        select_chapters)
 from gpuinfer.publish.validation import METADATA_KEY
 
 SIZE_LIMIT_MB = 20  # all recordings together, in the repository
@@ -61,6 +62,7 @@ def hold_and_recover(chapters: dict[str, Path]):
     or remove whatever an interrupted run left there."""
     with contextlib.ExitStack() as stack:
         for folder in recordings_folders(chapters):
+            check_not_linked(folder)
             try:
                 folder.mkdir(exist_ok=True)
             except OSError as exc:
@@ -83,6 +85,18 @@ def hold_and_recover(chapters: dict[str, Path]):
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM (e.g. from `timeout`) cleans up like Ctrl-C
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (`timeout`, a job scheduler, `kill`) takes Ctrl-C's path while the command
+    holds the book: staged files, scratch folders and the kernel are removed, and the
+    previous recording stays. Its default action, a plain exit, would leave them all."""
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _tmp_full_hint() -> str:
@@ -205,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = select_chapters(root, args.chapters)
         check_cells(root, chosen)
         if args.recover:
-            with hold_and_recover(book_chapters(root)):
+            with sigterm_as_interrupt(), hold_and_recover(book_chapters(root)):
                 log(f"book: {root}: nothing else to recover")
             return 0
         import torch
@@ -216,11 +230,15 @@ def main(argv: list[str] | None = None) -> int:
                 "the GPU machine, or pass --allow-cpu for a CPU smoke recording (labelled "
                 "as such and rejected by the tests).")
         check_writable(chosen)
-        with hold_and_recover(chosen):
+        with sigterm_as_interrupt(), hold_and_recover(chosen):
             return record_all(root, chosen, allow_cpu=args.allow_cpu)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outside a chapter's run (record_all reports those)
+        log("\nInterrupted while no chapter was being recorded: every recording is whole "
+            "(`--recover` finishes one whose earlier write a kill cut short).")
+        return 130
 
 
 def check_cells(root: Path, chosen: dict[str, Path]) -> None:
@@ -238,9 +256,10 @@ def check_cells(root: Path, chosen: dict[str, Path]) -> None:
 
 
 def record_all(root: Path, chosen: dict[str, Path], *, allow_cpu: bool) -> int:
-    """Record the chosen chapters one after the other; the exit code."""
+    """Record the chosen chapters one after the other; the exit code. Ctrl-C, or SIGTERM
+    (which `main` turns into it), stops the run with 130, the interrupted chapter's
+    previous recording kept."""
     log(f"book: {root}")
-    old_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
     results, current = [], None
     try:
         for current, path in chosen.items():
@@ -260,8 +279,6 @@ def record_all(root: Path, chosen: dict[str, Path], *, allow_cpu: bool) -> int:
             results.append(Result(current, False, seconds, "interrupted"))
         summary(results, chosen)
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, old_handler)
     summary(results, chosen)
     return 0 if all(r.ok for r in results) else 1
 

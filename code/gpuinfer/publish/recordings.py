@@ -6,7 +6,8 @@ chapter's measurement cells as parsed and the package definitions they reach, it
 outputs, its artifacts and kept data; when it keeps every value the chapter's presentation
 cells read (gpuinfer.publish.present); and when it is whole and made on a GPU
 (gpuinfer.publish.validation). Otherwise it is stale, missing, a CPU smoke run, corrupt,
-or unfinished (a write cut short by a kill), with one line that says why.
+unfinished (a write cut short by a kill) or linked (its recordings folder is a link to
+files outside the book), with one line that says why.
 
 Plain functions, no Sphinx: the record command, the Sphinx extensions and the tests share
 them.
@@ -14,6 +15,7 @@ them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from gpuinfer.publish.reach import changed as changed_units
 from gpuinfer.publish.kept import DATA_FILE
 from gpuinfer.publish.validation import METADATA_KEY, read_recording
 
-STATES = ("fresh", "stale", "missing", "cpu", "corrupt", "unfinished")
+STATES = ("fresh", "stale", "missing", "cpu", "corrupt", "unfinished", "linked")
 
 
 def record_command(chapter: str) -> str:
@@ -52,7 +54,7 @@ class Status:
     def message(self) -> str:
         if self.fresh:
             return f"chapter {self.chapter}: {self.reason}"
-        fix = ("" if self.state == "unfinished"  # the reason says how to finish it
+        fix = ("" if self.state in ("unfinished", "linked")  # the reason says the fix
                else f" Re-record it with {record_command(self.chapter)}.")
         return f"chapter {self.chapter} has no valid GPU recording: {self.reason}.{fix}"
 
@@ -84,6 +86,12 @@ def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
     def result(state, reason, meta=None):
         return Status(chapter, state, reason, rec, meta or {}, modules)
 
+    if rec.parent.is_symlink():  # not the book's own files: never trusted
+        folder = rec.parent.relative_to(Path(root)).as_posix()
+        return result("linked", f"its recordings folder {folder} is a link (to "
+                      f"{os.readlink(rec.parent)}), whose files are not the book's; "
+                      f"replace the link with a folder (rm {folder}; mkdir {folder}, and "
+                      "copy back what it pointed to)")
     if journal_path(path).exists():
         journal = journal_path(path).relative_to(Path(root)).as_posix()
         return result("unfinished", "a recording of it was cut short while being written "

@@ -22,7 +22,8 @@ incremental build picks up a re-recording or a change of the package. The direct
 the peak GPU memory it used (gpuinfer.publish.gpumem).
 
 A build reads the recordings and never writes into them: it refuses a GPUINFER_ARTIFACTS
-(where a preview's traces go) that is relative or lies in a chapter's folder. A book whose
+(where a preview's traces go) that is relative, lies in the book or the package's sources,
+or holds either (gpuinfer.publish.book.check_artifacts_env). A book whose
 TOC or pages cannot be read stops the build with one line naming the file and the fix; a
 damaged recording only turns its chapter into a preview.
 """
@@ -53,29 +54,6 @@ def stop(message: str):
     """Stop the build with one line. Not a SphinxError: jupyter-book would print its own
     traceback under it. SystemExit passes through Sphinx and jupyter-book untouched."""
     raise SystemExit(f"error: {message}")
-
-
-def check_artifacts_folder(root: Path, chapter_paths) -> None:
-    """A chapter executed as a preview writes its artifacts (profiler traces) under
-    GPUINFER_ARTIFACTS when it is set: refuse a relative folder (each chapter would take it
-    from its own folder) and one inside a chapter's folder (book/_recorded/ among them),
-    where a CPU preview would overwrite the GPU's traces or dirty the book."""
-    value = os.environ.get("GPUINFER_ARTIFACTS")
-    if not value:
-        return
-    folder = Path(value)
-    if not folder.is_absolute():
-        stop(f"GPUINFER_ARTIFACTS={value} is a relative path, which each chapter would "
-             "take from its own folder, inside the book: unset it (a build keeps a "
-             "preview's artifacts in a temporary folder) or give an absolute folder "
-             "outside the book's chapters")
-    for chapter_dir in sorted({Path(p).parent.resolve() for p in chapter_paths}):
-        if folder.resolve().is_relative_to(chapter_dir):
-            shown = chapter_dir.relative_to(root.resolve()).as_posix() \
-                if chapter_dir.is_relative_to(root.resolve()) else str(chapter_dir)
-            stop(f"GPUINFER_ARTIFACTS={value} lies in the book's chapter folder {shown}/, "
-                 f"where a preview would overwrite recorded artifacts ({shown}/_recorded/) "
-                 "or add files: unset it, or give a folder outside the book's chapters")
 
 
 def myst_nb_notebook(app, path: Path):
@@ -193,9 +171,9 @@ def seed_cache(app) -> None:
         return
     try:
         chapters = book.chapters(root)
+        book.check_artifacts_env(root, os.environ.get("GPUINFER_ARTIFACTS"))
     except book.BookError as exc:
         stop(str(exc))
-    check_artifacts_folder(root, chapters.values())
     cache = get_cache(app.env.mystnb_config.execution_cache_path)
     app.gpuinfer_status = {}  # docname -> Status, for the page boxes
     app.gpuinfer_pages = {}  # chapter -> the page's notebook, for the results page
@@ -295,25 +273,32 @@ def insert_after_title(text: str, block: str) -> str:
     return "".join(lines[:at]) + "\n" + block + "\n" + "".join(lines[at:])
 
 
+def note_dependencies(env, status: recordings.Status, path: Path) -> None:
+    """Note what a page drawn from the chapter's recording depends on, so that an
+    incremental build re-reads it when one changes: the TOC (the chapter may leave it),
+    the chapter (its presentation cells), its recording and files (a missing file: re-read
+    every build) and the package's code (the presentation cells may call any of it)."""
+    folder = status.recording.with_suffix("")
+    found = [Path(env.srcdir) / "_toc.yml", path, status.recording]
+    found += [folder / name for name in (status.provenance.get("artifacts") or {})]
+    for dependency in found + sorted(PACKAGE_DIR.rglob("*.py")):
+        env.note_dependency(str(dependency))
+
+
 def add_box(app, docname: str, source: list[str]) -> None:
     """source-read: note the page's dependencies and put the box under its title."""
     status = getattr(app, "gpuinfer_status", {}).get(docname)
     if status is None:
         return
-    app.env.note_dependency(str(status.recording))  # a missing file: re-read every build
-    folder = status.recording.with_suffix("")
-    for name in (status.provenance.get("artifacts") or {}):
-        app.env.note_dependency(str(folder / name))
-    # the presentation cells may call any of the package's code (the plots, the tables)
-    for module in sorted(PACKAGE_DIR.rglob("*.py")):
-        app.env.note_dependency(str(module))
+    note_dependencies(app.env, status, Path(app.env.doc2path(docname)))
     page_dir = Path(app.env.doc2path(docname)).parent
     source[0] = insert_after_title(source[0], box(status, page_dir))
 
 
 STATE_TEXT = {"fresh": "up to date", "stale": "stale (from an older version)",
               "missing": "not recorded yet", "cpu": "CPU smoke run, not a GPU",
-              "corrupt": "unreadable", "unfinished": "cut short while being written"}
+              "corrupt": "unreadable", "unfinished": "cut short while being written",
+              "linked": "read through a link, not trusted"}
 
 
 class RecordedRuntimes(SphinxDirective):
@@ -326,6 +311,7 @@ class RecordedRuntimes(SphinxDirective):
                   "peak GPU memory (GiB)"]
         rows, total, timed = [], 0.0, 0
         found = getattr(self.env.app, "gpuinfer_status", {})  # from the start of the build
+        self.env.note_dependency(str(root / "_toc.yml"))  # a chapter leaving it: its row
         for chapter, path in book.chapters(root).items():
             self.env.note_dependency(str(book.recording_path(path)))
             docname = self.env.path2doc(str(path))

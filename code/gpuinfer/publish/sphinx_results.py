@@ -28,6 +28,7 @@ from sphinx.util.docutils import SphinxDirective
 from gpuinfer.measure.roofline import lookup_spec
 from gpuinfer.publish import book, recordings
 from gpuinfer.publish.compare import glued_in
+from gpuinfer.publish.sphinx_recordings import note_dependencies
 from gpuinfer.publish.sphinx_site import table
 from gpuinfer.report import results
 
@@ -78,7 +79,8 @@ class DecodeResults(SphinxDirective):
         for chapter, path in book.chapters(root).items():
             status = recordings.status(
                 root, chapter, accept_cpu=self.config.gpuinfer_accept_cpu_recordings)
-            self.env.note_dependency(str(status.recording))
+            note_dependencies(self.env, status, path)  # the TOC among them: rows
+            # come only from the chapters it lists, even in an incremental build
             page = getattr(self.env.app, "gpuinfer_pages", {}).get(chapter)
             try:
                 rows = chapter_results(page) if status.fresh and page else []

@@ -57,9 +57,12 @@ def table(header: list[str], rows: list[list],
 
 
 def recorded_gpus(root: Path) -> dict[str, dict]:
-    """{chapter: provenance} of every chapter whose recording is readable."""
+    """{chapter: provenance} of every chapter whose recording is readable (and not read
+    through a link: gpuinfer.publish.recordings does not trust one)."""
     found = {}
     for chapter, path in book.chapters(root).items():
+        if book.recording_path(path).parent.is_symlink():
+            continue
         try:
             found[chapter] = read_provenance(book.recording_path(path))
         except (OSError, ValueError):
@@ -79,6 +82,7 @@ class GPUSpecTable(SphinxDirective):
         root = Path(self.env.srcdir)
         for path in book.chapters(root).values():
             self.env.note_dependency(str(book.recording_path(path)))
+        self.env.note_dependency(str(root / "_toc.yml"))  # the chapters whose GPUs count
         self.env.note_dependency(roofline.__file__)
         book_gpus = {spec.name for meta in recorded_gpus(root).values()
                      if not meta.get("smoke")
