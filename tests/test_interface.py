@@ -265,3 +265,16 @@ def test_a_checkpoint_folder_decodes_on_the_gpu(checkpoint, loaded, prompt):
     for name, decoder in decoders(str(checkpoint)).items():
         assert decoder.tokens.is_cuda, name
         assert torch.equal(decoder.generate(prompt, NEW), reference), name
+
+
+def test_a_decoder_does_not_keep_its_model_alive(checkpoint):
+    import gc
+    import weakref
+
+    model = load_llama(checkpoint, dtype=torch.float32, device=DEVICE)
+    gone = weakref.ref(model)
+    decoder = StaticDecoder(model, 1, 16)
+    del model
+    gc.collect()
+    assert gone() is None  # the q/k/v and gate/up matrices it stacked are freed
+    assert decoder.generate(torch.tensor([[1, 2, 3]], device=DEVICE), 4).shape == (1, 4)

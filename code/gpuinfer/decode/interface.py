@@ -27,6 +27,7 @@ prefill came first or not. The cache slots written past `pos` stay hidden by eve
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Protocol, runtime_checkable
 
 import torch
@@ -126,21 +127,27 @@ class WeightsSeen:
     """A model's weights as a decoder saw them when it was built: each tensor's
     identity, address and version counter (inference tensors have none), so that a
     decoder notices a change it would otherwise decode past (its stacked and quantized
-    matrices are copies): `load_state_dict`, `.to(...)`, a replaced parameter."""
+    matrices are copies): `load_state_dict`, `.to(...)`, a replaced parameter. The model
+    is held weakly: a decoder does not keep it alive, and once it is gone nothing can
+    change it."""
 
     def __init__(self, model: torch.nn.Module):
-        self.model = model
-        self.seen = self._now()
+        self.model = weakref.ref(model)
+        self.seen = self._now(model)
 
-    def _now(self) -> dict[str, tuple]:
+    @staticmethod
+    def _now(model: torch.nn.Module) -> dict[str, tuple]:
         def version(t):
             return None if t.is_inference() else t._version
         return {name: (id(t), t.data_ptr(), version(t))
-                for name, t in self.model.state_dict(keep_vars=True).items()}
+                for name, t in model.state_dict(keep_vars=True).items()}
 
     def check(self) -> None:
         """Raise if any weight changed since the decoder was built."""
-        now = self._now()
+        model = self.model()
+        if model is None:
+            return
+        now = self._now(model)
         changed = [n for n in self.seen.keys() | now.keys() if self.seen.get(n) != now.get(n)]
         if changed:
             raise ValueError(f"the model's weights changed since this decoder was built "
