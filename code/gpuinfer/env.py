@@ -35,6 +35,32 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# What a chapter may hold on its GPU, all its processes together (a 24 GB card's worth,
+# the CUDA contexts included): every process a chapter starts caps its caching allocator
+# below this (cap_gpu_memory), so the peak a recording reports is what a reader's card needs.
+GPU_BUDGET_GIB = 22.0
+# A process's own CUDA context (the driver's, outside the caching allocator), kept free of
+# the allocator's cap: about 0.5 GiB on an H200 with torch 2.11's lazy module loading.
+CONTEXT_GIB = 1.0
+
+
+def cap_gpu_memory(budget_gib: float = GPU_BUDGET_GIB) -> float | None:
+    """Cap this process's caching allocator at `budget_gib` less its CUDA context
+    (CONTEXT_GIB), so the process stays within `budget_gib` on the device; returns the cap
+    in GiB (None without CUDA). Past the cap the allocator frees what it caches and
+    retries before it raises an out-of-memory error: a chapter that fits runs as before."""
+    if not torch.cuda.is_available():
+        return None
+    total = torch.cuda.get_device_properties(0).total_memory
+    cap = budget_gib - CONTEXT_GIB
+    if not 0 < cap * 2**30 <= total:
+        raise ValueError(f"a GPU budget of {budget_gib:g} GiB leaves {cap:g} GiB for the "
+                         f"allocator of this {total / 2**30:.0f} GiB device: give a budget "
+                         f"above {CONTEXT_GIB:g} GiB and at most the device's memory")
+    torch.cuda.set_per_process_memory_fraction(cap * 2**30 / total)
+    return cap
+
+
 def gpu_name() -> str | None:
     """The CUDA device's name as the driver reports it (e.g. 'NVIDIA H200'), or None."""
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
@@ -83,11 +109,14 @@ def provenance() -> dict:
 
 def announce() -> dict:
     """Show, at the top of a chapter, what this run executes on; warn loudly in smoke mode.
+    On a GPU, first cap this process's memory at GPU_BUDGET_GIB (cap_gpu_memory): the
+    chapter then runs on a card of that size.
 
     Returns the provenance dict so the chapter can glue its fields into the prose.
     """
     from IPython.display import Markdown, display
 
+    cap_gpu_memory()
     info = provenance()
     if info["smoke"]:
         display(Markdown(f":::{{warning}}\n{SMOKE_WARNING}\n:::"))
