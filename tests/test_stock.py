@@ -3,6 +3,7 @@ model, few tokens. Each variant starts a Python process of its own (imports incl
 the module's one real run is shared by the tests that read it."""
 
 import math
+import os
 import subprocess
 
 import pytest
@@ -87,7 +88,7 @@ def test_a_failed_process_names_the_variant_and_passes_its_stderr(monkeypatch, c
 
     monkeypatch.setattr(st.subprocess, "run", failing)
     with pytest.raises(RuntimeError, match=r"'static' failed .*exit 1.*OSError: no disk"
-                                           r".*python -m gpuinfer.measure.stock"):
+                                           r".*python -m gpuinfer.measure.stock_process"):
         st.stock_fresh("toy", prompt_len=4, new_tokens=3, variants=("static",),
                        device="cpu")
     assert "Traceback" in capsys.readouterr().err
@@ -103,3 +104,32 @@ def test_a_variant_that_raises_is_reported_not_raised():
     assert baselines.as_rounds().times_ms == {}
     with pytest.raises(ValueError, match="failed in its fresh process"):
         failed.against("ours", Timing((1.0,), "host"))
+
+
+def test_saved_baselines_load_as_they_were(baselines, tmp_path):
+    path = baselines.save(tmp_path)
+    assert path.name == "stock-toy-float32.json" and not list(tmp_path.glob("*.tmp"))
+    loaded = st.StockBaselines.load(path)
+    assert loaded == baselines
+    assert loaded.workload() == {"config": "toy", "dtype": "float32", "prompt_len": PROMPT,
+                                 "new_tokens": TOKENS, "gpu": None}
+    assert loaded["static"].median == baselines["static"].median
+    path.write_text("{not json", encoding="utf8")
+    with pytest.raises(ValueError, match="stock-toy-float32.json is not a saved stock"):
+        st.StockBaselines.load(path)
+
+
+def test_each_process_compiles_into_empty_caches_of_its_own(monkeypatch):
+    seen = []
+
+    def fake_run(cmd, env, **kwargs):
+        seen.append({k: env[k] for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")})
+        raise subprocess.TimeoutExpired(cmd, 1)
+
+    monkeypatch.setattr(st.subprocess, "run", fake_run)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="did not finish"):
+            st.stock_fresh("toy", prompt_len=4, new_tokens=3, variants=("static",),
+                           device="cpu")
+    assert seen[0]["TORCHINDUCTOR_CACHE_DIR"] != seen[1]["TORCHINDUCTOR_CACHE_DIR"]
+    assert all(not os.path.exists(s["TRITON_CACHE_DIR"]) for s in seen)  # removed after

@@ -98,9 +98,12 @@ def test_handovers_between_the_kernels_of_a_step(trace):
     h = T.handovers(T.step_kernels(trace, 1))
     assert (h.kernels, h.overlapping, h.late) == (3, 1, 1)
     assert h.idle_us == pytest.approx(20) and h.span_us == pytest.approx(47)
+    # the early start is the mul's, after the gemv: 1 of the gemv's 1 hand-over
+    assert h.early_after == (("gemv2T_kernel", 1, 1),)
     # step 2: gemv 225..245, mul 250..255, reduce 262..270: every kernel starts late
     h = T.handovers(T.step_kernels(trace, 2))
     assert (h.overlapping, h.late, h.idle_us) == (0, 2, pytest.approx(12))
+    assert h.early_after == ()
     assert T.between_steps(trace, 1) == pytest.approx(225 - 182)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch._dynamo.utils import counters
@@ -31,6 +31,9 @@ from gpuinfer.measure.steps import annotate
 from gpuinfer.measure.timing import Timing, wall_seconds
 from gpuinfer.model.configs import random_prompt
 from gpuinfer.model.cost import ModelShape, step_cost
+
+if TYPE_CHECKING:  # imported where it runs: it starts processes
+    from gpuinfer.measure.stock import StockBaselines
 
 # At this size, in BF16, the fused attention kernel was faster on the H200 than
 # transformers' eager attention (two matmuls and a softmax, Chapter 3's choice for its FP32
@@ -94,20 +97,18 @@ def first_call(name: str, generate: GenerateFn, prompt_ids: torch.Tensor, new_to
 
 
 def stock_baselines(config_name: str, warmups: dict[str, int], **kwargs
-                    ) -> "StockBaselines":
+                    ) -> StockBaselines:
     """`stock_fresh` for each variant of `warmups` (a key of `gpuinfer.measure.stock`'s
     VARIANTS), each with its own number of warm-up generations after the first call, in
     that order; the other arguments are stock_fresh's. generate() with its dynamic cache
     compiles nothing, so its first call leaves little to warm; with the static cache it
     compiles on its first decode step and may recompile once."""
-    from gpuinfer.measure.stock import StockBaselines, stock_fresh
+    from gpuinfer.measure.stock import stock_fresh
 
-    runs = {}
-    for variant, warmup in warmups.items():
-        runs.update(stock_fresh(config_name, variants=(variant,), warmup=warmup,
-                                **kwargs).runs)
-    return StockBaselines(runs, config_name, kwargs["prompt_len"], kwargs["new_tokens"],
-                          kwargs.get("rounds", 5))
+    each = [stock_fresh(config_name, variants=(variant,), warmup=warmup, **kwargs)
+            for variant, warmup in warmups.items()]
+    return dataclasses.replace(each[0], runs={name: run for one in each
+                                              for name, run in one.runs.items()})
 
 
 def profile_generate(generate: GenerateFn, prompt_ids: torch.Tensor, new_tokens: int,

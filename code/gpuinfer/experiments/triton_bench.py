@@ -23,6 +23,7 @@ shared by every measurement that runs them.
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable
 
 import torch
@@ -60,23 +61,33 @@ def weight_only_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor):
     return F.linear(x, q.to(x.dtype)) * scale
 
 
-_COMPILED: dict[str, Callable] = {}  # inductor_linear's compiled functions, made once
+_COMPILED: dict[tuple[str, int], Callable] = {}  # inductor_linear's, made once each
 
 
-def inductor_linear() -> Callable:
+def _another(fn: Callable, compilation: int) -> Callable:
+    """fn itself for compilation 0, else a copy of it with a code object of its own:
+    torch.compile keeps what it compiled on the code object, so the copy compiles anew."""
+    if compilation == 0:
+        return fn
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{compilation}")
+    return types.FunctionType(code, fn.__globals__, code.co_name)
+
+
+def inductor_linear(compilation: int = 0) -> Callable:
     """fn(x, w): x @ W^T by the kernels Inductor generates, compiled once per matrix
     shape (`dynamic=False`, as a decode step's shapes are fixed: otherwise the second
     shape would recompile for symbolic sizes, and every later shape would run that
     generic kernel), for a BF16 matrix or an Int8Matrix. Every fn of a process shares
     the compiled functions, so a shape compiled for one measurement (a product alone,
     with coordinate-descent tuning: seconds a shape) runs the same kernel in the next
-    (the step's chain) without compiling it again."""
-    if not _COMPILED:
-        _COMPILED["dense"] = torch.compile(dense_linear, dynamic=False,
-                                           options=INDUCTOR_OPTIONS)
-        _COMPILED["int8"] = torch.compile(weight_only_int8, dynamic=False,
-                                          options=INDUCTOR_OPTIONS)
-    dense, int8 = _COMPILED["dense"], _COMPILED["int8"]
+    (the step's chain) without compiling it again. Another `compilation` number compiles
+    functions of its own: under `runners.cold_compile` (no cache to reuse), Inductor
+    tunes them anew, and may settle on other kernels."""
+    for kind, fn in (("dense", dense_linear), ("int8", weight_only_int8)):
+        if (kind, compilation) not in _COMPILED:
+            _COMPILED[kind, compilation] = torch.compile(
+                _another(fn, compilation), dynamic=False, options=INDUCTOR_OPTIONS)
+    dense, int8 = _COMPILED["dense", compilation], _COMPILED["int8", compilation]
 
     def linear(x, w):
         # one compilation per shape: past the default limit (8) torch would fall back to
@@ -165,7 +176,7 @@ def row_tiling(configs: dict[str, GemvConfig], name: str) -> GemvConfig:
 
 def gemv_chain(decoder, impl: str, *, pdl: bool = False,
                configs: dict[str, GemvConfig] | None = None,
-               int8_widen: str = "bits") -> Callable[[], None]:
+               int8_widen: str = "bits", compilation: int = 0) -> Callable[[], None]:
     """All the matrix-vector products of one decode step of `decoder` (every layer's
     q/k/v, o, gate/up and down, and the lm_head, on its own weights), back to back: a
     call runs them once, on a GPU as one replay of the CUDA graph they were captured
@@ -173,8 +184,9 @@ def gemv_chain(decoder, impl: str, *, pdl: bool = False,
     decoder's own), "cuBLAS" or "Inductor" (int8 weights: gpt-fast's weight-only
     linear). Each product reads a fixed input vector of its width: the chain measures
     the streaming of the weights and the hand-over between kernels, not the step's
-    arithmetic. `int8_widen`: how ours widens int8 weights (`gemv.widen`). Time the
-    variants together (`timing.interleaved_rounds`)."""
+    arithmetic. `int8_widen`: how ours widens int8 weights (`gemv.widen`); `compilation`:
+    which of Inductor's compilations (`inductor_linear`). Time the variants together
+    (`timing.interleaved_rounds`)."""
     mats = [(name, getattr(layer, name)) for layer in decoder.layers
             for name in ("qkv", "o", "gate_up", "down")]
     mats.append(("lm_head", decoder.lm_head))
@@ -201,7 +213,7 @@ def gemv_chain(decoder, impl: str, *, pdl: bool = False,
             for _, w in mats:
                 F.linear(xs[w.shape[1]][None], w)
     elif impl == "Inductor":
-        linear = inductor_linear()
+        linear = inductor_linear(compilation)
 
         def chain():
             for _, w in mats:

@@ -16,14 +16,16 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from gpuinfer.env import sync
 from gpuinfer.measure.steps import STEP, decode_steps
-from gpuinfer.report.trace import (API_CATS, GPU_CATS, Ranges, events, step_events,
-                                   top_level_ops)
+from gpuinfer.report.trace import (API_CATS, GPU_CATS, Ranges, events, is_launch,
+                                   step_events, top_level_ops)
 
 BODY = "profiled code"  # the range around the code a session() profiles
 
@@ -200,3 +202,56 @@ def profiled_kernel_ms(fn: Callable, *, repeats: int = 20, warmup: int = 3) -> l
     agree.
     """
     return [ms for _, ms in profiled_kernels(fn, repeats=repeats, warmup=warmup)]
+
+
+CALL = "timed call"  # the range around each call `call_anatomy` profiles
+
+
+@dataclass(frozen=True)
+class CallAnatomy:
+    """Where the time of an eager call goes, timed as `timing.benchmark` times calls (an
+    event recorded before and after each, the calls back to back, no sync between them),
+    read from a profiler trace: medians over the calls, in µs. The profiler slows the host,
+    so its parts are longer than they are without it; the GPU's are not."""
+
+    calls: int
+    kernel_us: float  # the call's kernels, first start to last end
+    gap_us: float  # the previous call's last kernel end to this call's first kernel start
+    queued_us: float  # the launch call's start to its kernel's start: the host ran ahead
+    host_us: float  # host time per call (one call's range start to the next's)
+
+
+def call_anatomy(fn: Callable[[], object], *, calls: int = 30,
+                 warmup: int = 3) -> CallAnatomy | None:
+    """The anatomy of `calls` eager calls of fn (`CallAnatomy`); None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    with session() as recorded:
+        for i in range(calls):
+            with torch.profiler.record_function(CALL):
+                starts[i].record()
+                fn()
+                ends[i].record()
+    trace = recorded.trace
+    kernels = {e.correlation: e for e in events(trace, "kernel")}
+    launches = [e for e in events(trace, API_CATS)
+                if is_launch(e.name) and e.correlation in kernels]
+    per_call = []  # (range, its launches), in call order
+    for r in sorted((e for e in events(trace, "user_annotation") if e.name == CALL),
+                    key=lambda e: e.ts):
+        mine = sorted((e for e in launches if r.ts <= e.ts <= r.end), key=lambda e: e.ts)
+        if mine:
+            per_call.append((r, mine))
+    parts = []
+    for (r0, before), (r1, mine) in zip(per_call, per_call[1:]):
+        first, last = kernels[mine[0].correlation], kernels[mine[-1].correlation]
+        parts.append((last.end - first.ts, first.ts - kernels[before[-1].correlation].end,
+                      first.ts - mine[0].ts, r1.ts - r0.ts))
+    if not parts:
+        raise RuntimeError("the profiler recorded no kernel launched by the calls")
+    med = [float(np.median([p[i] for p in parts])) for i in range(4)]
+    return CallAnatomy(len(parts), *med)

@@ -12,6 +12,19 @@ first generation (which compiles), `warmup` more, then `rounds` interleaved roun
 whole generation (t_N) and a one-token one (t_1, the prefill and the first token). The
 decode time per token, (t_N - t_1) / (N - 1) round by round, leaves the prefill out.
 
+Each process starts with empty compile caches of its own (Inductor's, Triton's, and
+dynamo's record of which dimensions it found dynamic, all on disk by default): otherwise a
+"fresh" process compiles from what earlier ones left, and two of them may run different
+code (first calls of 16 s and 5 s were seen for the same call). On a GPU it is capped at
+what the chapter's process leaves of `gpuinfer.env.GPU_BUDGET_GIB`, so that the chapter with
+its stock processes fits the card the book says it needs.
+
+A workload is measured once, by the chapter that owns it, which saves it beside its
+recording (`StockBaselines.save`); a later chapter showing the same workload reads that
+figure (`gpuinfer.report.borrowed`) rather than measuring a second one: one process's
+figure of a host-bound loop moves by ±10 % from one process to the next, so two pages
+measuring the same call would disagree by that much.
+
 A variant that raises (the docs' recipe can) is reported in its `StockRun.error`; a process
 that fails otherwise (the model cannot be built, say) raises, its stderr passed through.
 """
@@ -19,7 +32,6 @@ that fails otherwise (the model cannot be built, say) raises, its stderr passed 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -116,6 +128,42 @@ class StockBaselines:
     prompt_len: int
     new_tokens: int
     rounds: int
+    dtype: str = ""  # "float32", "bfloat16"
+    gpu: str | None = None  # the device's name, None on a CPU
+
+    def workload(self) -> dict:
+        """What identifies the measured workload: the call's arguments that change it."""
+        return {"config": self.config, "dtype": self.dtype, "prompt_len": self.prompt_len,
+                "new_tokens": self.new_tokens, "gpu": self.gpu}
+
+    @property
+    def file_name(self) -> str:
+        return f"stock-{self.config}-{self.dtype}.json"
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write these runs as plain JSON into `folder` (a chapter's artifacts, kept with
+        its recording), under `file_name`; the path written."""
+        path = Path(folder) / self.file_name
+        data = dataclasses.asdict(self)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf8")
+        os.replace(tmp, path)  # whole or not at all
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "StockBaselines":
+        """The runs `save` wrote; ValueError naming the file if it is not such a file."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf8"))
+            runs = {}
+            for name, run in data.pop("runs").items():
+                for key in ("decode_ms", "prefill_ms", "whole_ms", "tokens"):
+                    run[key] = tuple(run[key])
+                runs[name] = StockRun(**run)
+            return cls(runs, **data)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"{path} is not a saved stock measurement ({exc}): record "
+                             f"the chapter that measures it again") from None
 
     def __getitem__(self, variant: str) -> StockRun:
         return self.runs[variant]
@@ -198,8 +246,33 @@ def stock_fresh(config_name: str, *, dtype: torch.dtype | str = torch.bfloat16,
             "new_tokens": new_tokens, "rounds": rounds, "warmup": warmup, "seed": seed,
             "prompt_seed": prompt_seed, "device": str(device),
             "attn_implementation": attn_implementation}
-    runs = {v: _run_fresh({**args, "variant": v}, timeout) for v in variants}
-    return StockBaselines(runs, config_name, prompt_len, new_tokens, rounds)
+    runs = {}
+    for v in variants:
+        args["gpu_budget_gib"] = _budget_left(device)
+        runs[v] = _run_fresh({**args, "variant": v}, timeout)
+    return StockBaselines(runs, config_name, prompt_len, new_tokens, rounds,
+                          dtype=args["dtype"],
+                          gpu=torch.cuda.get_device_name(device)
+                          if device.type == "cuda" else None)
+
+
+def _budget_left(device: torch.device) -> float | None:
+    """GiB of the GPU budget this process leaves to a stock process (None on a CPU): the
+    budget less what the device has in use once this process's allocator gave back what
+    it caches."""
+    from gpuinfer.env import CONTEXT_GIB, GPU_BUDGET_GIB
+
+    if device.type != "cuda":
+        return None
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    left = GPU_BUDGET_GIB - (total - free) / 2**30
+    if left < CONTEXT_GIB + 1:
+        raise RuntimeError(f"the chapter's process holds {(total - free) / 2**30:.1f} GiB "
+                           f"of its {GPU_BUDGET_GIB:g} GiB budget, leaving {left:.1f} GiB "
+                           f"for stock generate()'s process: free tensors (del, then "
+                           f"torch.cuda.empty_cache()) before timing it")
+    return left
 
 
 def _run_fresh(args: dict, timeout: float) -> StockRun:
@@ -211,8 +284,13 @@ def _run_fresh(args: dict, timeout: float) -> StockRun:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory(prefix="gpuinfer-stock-") as folder:
         out = os.path.join(folder, "result.json")
-        cmd = [sys.executable, "-m", "gpuinfer.measure.stock", json.dumps(args), out]
-        rerun = f"run `python -m gpuinfer.measure.stock '{cmd[3]}'` to see the whole error"
+        # empty compile caches of its own (see the module's docstring)
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(folder, "inductor")
+        env["TRITON_CACHE_DIR"] = os.path.join(folder, "triton")
+        cmd = [sys.executable, "-m", "gpuinfer.measure.stock_process", json.dumps(args),
+               out]
+        rerun = (f"run `python -m gpuinfer.measure.stock_process '{cmd[3]}'` to see the "
+                 f"whole error")
         start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
@@ -233,94 +311,3 @@ def _run_fresh(args: dict, timeout: float) -> StockRun:
         result[key] = tuple(result[key])
     result["seconds"] = {"process": time.perf_counter() - start, **result["seconds"]}
     return StockRun(**result, log=proc.stderr[-LOG_CHARS:])
-
-
-# ------------------------------------------------------------------------------------------
-# The fresh process
-# ------------------------------------------------------------------------------------------
-
-
-def _describe(err: BaseException) -> str:
-    """`Type: first line of the message`, short enough for a table cell."""
-    first = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
-    return f"{type(err).__name__}: {first.replace('`', chr(39)).replace('|', '/')[:240]}"
-
-
-def _measure(args: dict) -> dict:
-    """Build the model, run the variant, time it: a dict of StockRun's fields."""
-    import warnings
-
-    import transformers
-    from torch._dynamo.utils import counters
-
-    from gpuinfer.decode.loops import decode_generate, decode_generate_static
-    from gpuinfer.measure.timing import interleaved_rounds, wall_seconds
-    from gpuinfer.model.configs import build_model, model_config, random_prompt
-
-    warnings.filterwarnings("ignore", message="IProgress not found")  # transformers' tqdm
-    transformers.logging.set_verbosity_error()  # generate()'s advice to users
-    variant, n = args["variant"], args["new_tokens"]
-    device = torch.device(args["device"])
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' asked for, but this process sees no CUDA device")
-    if device.type == "cpu":
-        torch.set_num_threads(1)  # a smoke run's tiny ops only lose to threads' syncs
-    torch.set_float32_matmul_precision("highest")  # FP32 stays FP32, as in the chapters
-    config = model_config(args["config"], **args["overrides"])
-    model = build_model(config, seed=args["seed"], dtype=getattr(torch, args["dtype"]),
-                        device=device, attn_implementation=args["attn_implementation"])
-    prompt = random_prompt(config, args["prompt_len"], seed=args["prompt_seed"],
-                           device=device)
-    fn = decode_generate if variant == "dynamic" else decode_generate_static
-    generate = functools.partial(fn, model)
-    clock = "cuda-event" if device.type == "cuda" else "host"
-    result = {"variant": variant, "clock": clock}
-    try:
-        if variant == "docs":  # the transformers docs' recipe ("Optimizing inference")
-            model.forward = torch.compile(model.forward, mode="reduce-overhead",
-                                          fullgraph=True)
-        with torch._dynamo.config.patch(
-                **({"recompile_limit": DOCS_RECOMPILE_LIMIT,
-                    "fail_on_recompile_limit_hit": True} if variant == "docs" else {})):
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            tokens, result["first_call_s"] = wall_seconds(lambda: generate(prompt, n))
-            if device.type == "cuda":
-                result["peak_bytes"] = torch.cuda.max_memory_allocated()
-            result["tokens"] = tokens[0].tolist()
-            start = time.perf_counter()
-            for _ in range(args["warmup"]):
-                generate(prompt, n)
-                generate(prompt, 1)
-            result["seconds"] = {"warm-up": time.perf_counter() - start}
-            start = time.perf_counter()
-            result["compiled"] = variant == "docs" or "_compiled_call" in vars(model)
-            graphs = counters["stats"]["unique_graphs"]
-            timed = interleaved_rounds({n: functools.partial(generate, prompt, n),
-                                        1: functools.partial(generate, prompt, 1)},
-                                       rounds=args["rounds"], warmup=0)
-            result["graphs_in_rounds"] = counters["stats"]["unique_graphs"] - graphs
-            result["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
-            result["seconds"]["rounds"] = time.perf_counter() - start
-    except Exception as err:  # noqa: BLE001 - a stock variant that fails is reported
-        return {**result, "error": _describe(err)}  # with what it got to, its first call
-    whole, first = timed.times_ms[n], timed.times_ms[1]
-    result.update(whole_ms=list(whole), prefill_ms=list(first),
-                  decode_ms=[(w - f) / (n - 1) for w, f in zip(whole, first)])
-    return result
-
-
-def main(argv: list[str]) -> None:
-    """`python -m gpuinfer.measure.stock ARGS [OUT]`: the result as JSON, into the file OUT
-    (where `stock_fresh` reads it), or without OUT onto stdout (to run one by hand)."""
-    empty = {"decode_ms": [], "prefill_ms": [], "whole_ms": [], "tokens": [], "seconds": {}}
-    result = {**empty, **_measure(json.loads(argv[0]))}
-    if len(argv) > 1:
-        with open(argv[1], "w", encoding="utf8") as f:
-            json.dump(result, f)
-    else:
-        print(json.dumps(result))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -24,6 +24,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from gpuinfer.measure.steps import STEP
+from gpuinfer.report.kernel_names import kernel_name
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 API_CATS = ("cuda_runtime", "cuda_driver")
@@ -175,6 +176,10 @@ class Handovers:
     late: int  # kernels that started after the one ahead of them had ended
     idle_us: float  # time between the step's first start and last end with nothing running
     span_us: float  # the step's first start to its last end
+    # (kernel ahead, hand-overs from it where the next kernel started before it ended, all
+    # hand-overs from it), for each kernel ahead of an early start, the most early first:
+    # under PDL a kernel starts early only where the one ahead lets its dependents launch
+    early_after: tuple[tuple[str, int, int], ...] = ()
 
 
 def handovers(work: list[Event]) -> Handovers:
@@ -183,9 +188,16 @@ def handovers(work: list[Event]) -> Handovers:
     pairs = list(zip(work, work[1:]))
     intervals = [(e.ts, e.end) for e in work]
     span = max(e.end for e in work) - work[0].ts if work else 0.0
+    after: dict[str, list[int]] = {}  # kernel ahead: [early starts after it, hand-overs]
+    for a, b in pairs:
+        counts = after.setdefault(kernel_name(a.name), [0, 0])
+        counts[0] += b.ts < a.end
+        counts[1] += 1
+    early_after = sorted(((name, early, n) for name, (early, n) in after.items() if early),
+                         key=lambda t: (-t[1], t[0]))
     return Handovers(len(work), sum(b.ts < a.end for a, b in pairs),
                      sum(b.ts > a.end for a, b in pairs),
-                     sum(b - a for a, b in gaps(intervals)), span)
+                     sum(b - a for a, b in gaps(intervals)), span, tuple(early_after))
 
 
 def between_steps(trace: dict, step: int, step_name: str = STEP) -> float:
