@@ -80,3 +80,21 @@ def test_events_agree_with_profiler_on_gpu():
     profiled = sorted(P.profiled_kernel_ms(lambda: x * 2.0, repeats=20))
     assert len(profiled) == 20  # only the code's kernels, not the session's own
     assert abs(event - profiled[len(profiled) // 2]) / event < 0.05
+
+
+def test_call_anatomy_needs_a_gpu():
+    assert P.call_anatomy(lambda: torch.ones(2) * 2) is None
+
+
+@pytest.mark.gpu
+def test_call_anatomy_accounts_for_an_eager_call():
+    """A product long enough that the host runs ahead: each call's kernel waits in the
+    queue, and kernel plus gap is the call's CUDA-event time, within its spread."""
+    from gpuinfer.measure.timing import benchmark
+
+    a = torch.randn(4, 8192, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    an = P.call_anatomy(lambda: a @ w, calls=30)
+    eager = benchmark(lambda: a @ w, repeats=30)
+    assert an.calls == 29 and an.kernel_us > 0 and an.gap_us >= 0 and an.queued_us > 0
+    assert abs(an.kernel_us + an.gap_us - eager.median * 1e3) < 0.2 * eager.median * 1e3

@@ -73,6 +73,18 @@ def test_inductor_compiles_each_matrix_shape_for_itself(monkeypatch):
     assert compiled_shapes == [[(1, k), (n, k)] for n, k in shapes]
 
 
+def test_another_compilation_compiles_anew(monkeypatch):
+    """Inductor's chain is timed over several compilations: compilation c > 0 compiles
+    functions of its own (a new code object), compilation 0 reuses what it compiled."""
+    compiled_shapes = []
+    eager_compile(monkeypatch, compiled_shapes)
+    x, w = torch.randn(1, 8), torch.randn(16, 8)
+    for compilation in (0, 0, 1, 2, 2):
+        torch.testing.assert_close(tb.inductor_linear(compilation)(x, w), x @ w.T)
+    torch._dynamo.reset()
+    assert len(compiled_shapes) == 3  # one compilation each for 0, 1 and 2
+
+
 def tiny_bf16_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -124,8 +136,8 @@ def test_gemv_chain_by_inductor_computes_the_products(monkeypatch, weights):
     seen = []
     real = tb.inductor_linear
 
-    def checked_linear():
-        linear = real()
+    def checked_linear(compilation=0):
+        linear = real(compilation)
 
         def check(x, w):
             y = linear(x, w)
