@@ -1,13 +1,15 @@
-"""The corpus of installed Python sources (gpuinfer.model.corpus): finding the files, holding some
-out, a byte-level tokenizer that gives back the exact text, EOT between files."""
+"""The corpora (gpuinfer.model.corpus): the book's own repository, the same text whatever is
+installed, and the installed Python sources; holding files out, a byte-level tokenizer that
+gives back the exact text and is the same in every process, EOT between files."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from gpuinfer.model.corpus import (EOT, build, decode, encode, held_out, python_files,
-                                   read_text, train_tokenizer, version)
+from gpuinfer.model.corpus import (EOT, REPOSITORY, build, decode, digest, encode,
+                                   held_out, python_files, read_text, repository_files,
+                                   train_tokenizer, version)
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +121,75 @@ def test_train_tokenizer_uses_every_nth_file(small_files):
 def test_too_few_files_to_hold_one_out(small_files):
     with pytest.raises(ValueError, match="5 files given: at least every=20"):
         build(small_files[:5], vocab_size=300)
+
+
+def fake_repository(root: Path) -> Path:
+    """A checkout's shape: the package, a chapter, a test, and what must stay out."""
+    for name, text in {"code/gpuinfer/b.py": "b = 2\n", "code/gpuinfer/sub/a.py": "a = 1\n",
+                       "book/01_x.md": "# One\n", "tests/test_a.py": "def test(): pass\n",
+                       "book/_recorded/01_x.ipynb": "{}", "code/gpuinfer/__pycache__/b.py":
+                       "stale", "scripts/s.py": "s = 0\n"}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text, encoding="utf-8")
+    return root
+
+
+def test_repository_files_are_the_books_own_text_in_path_order(tmp_path):
+    root = fake_repository(tmp_path / "book_checkout")
+    outside = tmp_path / "site-packages" / "installed.py"
+    outside.parent.mkdir()
+    outside.write_text("x = 1\n", encoding="utf-8")
+    (root / "code/gpuinfer/linked.py").symlink_to(outside)  # leads out: left out
+    files = repository_files(root)
+    assert [f.relative_to(root).as_posix() for f in files] == [
+        "book/01_x.md", "code/gpuinfer/b.py", "code/gpuinfer/sub/a.py", "tests/test_a.py"]
+    # The same text wherever the checkout lies: the digest covers the bytes, in order.
+    moved = fake_repository(tmp_path / "elsewhere")
+    assert digest(repository_files(moved)) == digest(files)
+    (moved / "book/01_x.md").write_text("# Two\n", encoding="utf-8")
+    assert digest(repository_files(moved)) != digest(files)
+
+
+def test_repository_files_refuse_a_folder_that_is_not_the_book(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not the book's repository"):
+        repository_files(tmp_path)
+
+
+def test_the_books_corpus_reads_only_the_repository():
+    files = repository_files()
+    assert files and all(f.resolve().is_relative_to(REPOSITORY) for f in files)
+    names = [f.relative_to(REPOSITORY).as_posix() for f in files]
+    assert names == sorted(names)
+    assert "code/gpuinfer/model/corpus.py" in names and "book/06_speculative.md" in names
+    assert not any("_recorded" in n or "site-packages" in n for n in names)
+
+
+BUILD_TWICE = """
+import sys
+from gpuinfer.model import corpus
+files = corpus.repository_files()[:{n}]
+built = corpus.build(files, vocab_size=600, every=10, tokenizer_every=1)
+print(corpus.digest(files))
+sys.stdout.write(built.tokenizer.to_str())
+"""
+
+
+def test_the_tokenizer_is_the_same_in_every_process():
+    """BPE's training, in two processes with different hash seeds: the same tokenizer."""
+    import os
+    import subprocess
+    import sys
+
+    outs = [subprocess.run([sys.executable, "-c", BUILD_TWICE.format(n=30)],
+                           capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+            for seed in ("1", "2")]
+    assert outs[0] == outs[1] and '"merges"' in outs[0]
+
+
+def test_build_trains_the_tokenizer_on_every_nth_training_file(small_files):
+    every = build(small_files, vocab_size=400, tokenizer_every=1)
+    quarter = build(small_files, vocab_size=400)
+    assert every.tokenizer.to_str() != quarter.tokenizer.to_str()
+    with pytest.raises(ValueError, match="every=0"):
+        build(small_files, vocab_size=400, tokenizer_every=0)

@@ -137,3 +137,28 @@ def test_a_speculative_decoder_has_the_decoders_interface(models, prompt):
 def test_cudagraph_trees_are_refused_for_a_pass(models):
     with pytest.raises(ValueError, match="by hand"):
         pair(*models, mode=runners.V8)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_a_clocked_generation_is_generate_with_its_loop_timed(models, prompt, k):
+    _, spec = pair(*models)
+    tokens = spec.generate(prompt, NEW, k)
+    passes = spec.passes
+    clocked, loop = spec.timed_generate(prompt, NEW, k)
+    assert torch.equal(clocked, tokens) and spec.passes == passes == loop.passes
+    assert len(loop.pass_ms) == passes and len(loop.gap_ms) == passes - 1
+    assert all(t >= 0 for t in loop.pass_ms + loop.gap_ms)
+    assert loop.loop_ms == pytest.approx(sum(loop.pass_ms) + sum(loop.gap_ms))
+    assert spec.timed_generate(prompt, 0, k)[1].passes == 0
+    with pytest.raises(ValueError, match="capacity"):  # refused as generate refuses
+        spec.timed_generate(prompt, 60, k)
+    assert torch.equal(spec.generate(prompt, NEW, k), tokens)  # and nothing changed
+
+
+@pytest.mark.gpu
+def test_a_clocked_graphed_generation_gives_the_targets_tokens(models, prompt):
+    _, spec = pair(*models, mode=runners.V9)
+    reference = runners.generate(StaticDecoder(models[0], 1, 64), prompt, NEW)
+    tokens, loop = spec.timed_generate(prompt, NEW, 3)
+    assert torch.equal(tokens, reference)
+    assert loop.passes == spec.passes and all(t > 0 for t in loop.pass_ms)

@@ -1,5 +1,6 @@
 """Training a small Llama (gpuinfer.model.train) on the CPU: a stream with a pattern to learn, the
-random windows, the held-out loss and greedy text from the trained model."""
+random windows, the same weights from the same seeds (on the GPU too), deterministic kernels
+while it trains, the held-out loss and greedy text from the trained model."""
 
 import pytest
 import torch
@@ -7,8 +8,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from gpuinfer.model.configs import build_model, model_config
 from gpuinfer.model.corpus import EOT, decode
-from gpuinfer.model.train import (TrainLog, batches, greedy_text, heldout_loss,
-                                  learning_rate, train)
+from gpuinfer.model.train import (TrainLog, batches, deterministic, greedy_text,
+                                  heldout_loss, learning_rate, train)
 
 VOCAB = 64
 
@@ -81,13 +82,83 @@ def test_training_prints_progress_lines(capsys):
     assert all(" loss " in line and line.endswith(" s") for line in lines)
 
 
-def test_a_time_budget_stops_training_and_finishes_the_schedule(capsys):
+def weights(model) -> dict[str, torch.Tensor]:
+    return {name: t.detach().clone() for name, t in model.state_dict().items()}
+
+
+def train_twice(device: str) -> tuple[dict, dict]:
+    """The toy trained twice from the same seeds, a few steps: its weights each time."""
+    runs = []
+    for _ in range(2):
+        model = build_model(model_config("toy", vocab_size=VOCAB, max_position_embeddings=128),
+                            seed=3, device=device)
+        train(model, pattern_stream(40), steps=4, batch=4, seq_len=32, seed=5, log_every=4)
+        runs.append(weights(model))
+    return runs[0], runs[1]
+
+
+def test_the_same_seeds_train_the_same_weights_bit_for_bit():
+    first, second = train_twice("cpu")
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[n], second[n]) for n in first)
+    untrained = build_model(model_config("toy", vocab_size=VOCAB,
+                                         max_position_embeddings=128), seed=3)
+    assert not torch.equal(first["model.norm.weight"], untrained.model.norm.weight)
+
+
+@pytest.mark.gpu
+def test_the_same_seeds_train_the_same_weights_bit_for_bit_on_the_gpu():
+    first, second = train_twice("cuda")
+    differ = [n for n in first if not torch.equal(first[n], second[n])]
+    assert not differ, f"weights that differ between two runs: {differ[:5]}"
+
+
+class Spy(torch.nn.Module):
+    """A model that notes whether deterministic algorithms are on when it runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = toy_model()
+        self.seen = []
+
+    def forward(self, **kwargs):
+        self.seen.append(torch.are_deterministic_algorithms_enabled())
+        return self.model(**kwargs)
+
+
+def test_training_runs_deterministic_kernels_and_restores_the_settings():
+    spy = Spy()
+    before = torch.are_deterministic_algorithms_enabled()
+    train(spy, pattern_stream(20), steps=3, batch=2, seq_len=8, log_every=3)
+    assert spy.seen == [True] * 3
+    assert torch.are_deterministic_algorithms_enabled() == before
+    spy.seen.clear()
+    train(spy, pattern_stream(20), steps=1, batch=2, seq_len=8, deterministic_kernels=False)
+    assert spy.seen == [before]
+
+
+def test_a_nondeterministic_cublas_workspace_is_refused_before_anything_changes(monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
+    before = torch.are_deterministic_algorithms_enabled()
+    with pytest.raises(ValueError, match="^CUBLAS_WORKSPACE_CONFIG=':0:0'.*':4096:8'"):
+        with deterministic(torch.device("cuda")):
+            pass
+    assert torch.are_deterministic_algorithms_enabled() == before
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    with deterministic(torch.device("cuda")):  # no CUDA call: it only sets what it needs
+        assert torch.are_deterministic_algorithms_enabled()
+        import os
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert torch.are_deterministic_algorithms_enabled() == before
+
+
+def test_a_stream_too_short_is_refused_before_the_model_changes():
     model = toy_model()
-    log = train(model, pattern_stream(20), steps=1000, batch=2, seq_len=8, seconds=1e-9,
-                log_every=100, name="quick")
-    assert log.steps == len(log.losses) == 1 and log.tokens == 2 * 8  # one step at least
-    assert capsys.readouterr().out.startswith("quick: step     1/1000")
-    assert learning_rate(5000, steps=1000, lr=1e-3, warmup=10) == pytest.approx(1e-4)
+    before = weights(model)
+    with pytest.raises(ValueError, match="stream of 8 tokens.*seq_len \\+ 1 = 9"):
+        train(model, torch.arange(8), steps=2, batch=2, seq_len=8)
+    assert not model.training
+    assert all(torch.equal(before[n], t) for n, t in model.state_dict().items())
 
 
 def test_heldout_loss_of_an_untrained_model_is_near_chance():

@@ -26,6 +26,8 @@ k. The one host read is the position after each pass, which says when to stop.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -196,30 +198,109 @@ class Speculative:
         target's tokens, so its logits are the target's."""
         return self.target.step_logits(token)
 
+    def _start(self, prompt_ids: torch.Tensor, new_tokens: int, k: int | None):
+        """Checks, the pass of k captured, and the prefill: (the pass, k, first slot), or
+        None for no new tokens. Refused before the state changes."""
+        k = self.k if k is None else k
+        check_prompt(self, prompt_ids, new_tokens, extra=k)  # a pass writes k + 1 past pos
+        if new_tokens == 0:
+            return None
+        self.target.seen.check()  # refused before the state changes
+        self.draft.seen.check()
+        self.pos.fill_(1)  # a first capture finds room: the prefill replaces the state
+        run = self.one_pass(k)
+        self.prefill(prompt_ids)  # the first token is the target's
+        return run, k, prompt_ids.shape[1]
+
+    def _tokens(self, start: int, new_tokens: int) -> torch.Tensor:
+        # A copy: on a CPU .cpu() would return the buffer the next generation overwrites.
+        return self.target.tokens[:, start: start + new_tokens].to("cpu", copy=True)
+
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, new_tokens: int,
                  k: int | None = None) -> torch.Tensor:
         """`new_tokens` greedy tokens of the target after the prompt, `k` (default
         `self.k`) proposals a pass: (1, new_tokens), int64 on the CPU. The number of
         passes it took is left in `self.passes`."""
-        k = self.k if k is None else k
-        check_prompt(self, prompt_ids, new_tokens, extra=k)  # a pass writes k + 1 past pos
-        if new_tokens == 0:
+        started = self._start(prompt_ids, new_tokens, k)
+        if started is None:
             return torch.empty((1, 0), dtype=torch.int64)
-        start = prompt_ids.shape[1]
-        self.target.seen.check()  # refused before the state changes
-        self.draft.seen.check()
-        self.pos.fill_(1)  # a first capture finds room: the prefill replaces the state
-        run = self.one_pass(k)
-        self.prefill(prompt_ids)  # the first token is the target's
+        run, k, start = started
         last, passes, pos = start + new_tokens - 1, 0, start
         while pos < last:
             run()
             pos = int(self.target.pos.item())  # the pass's one host read
             passes += 1
         self.passes, self.host_pos = passes, pos
-        # A copy: on a CPU .cpu() would return the buffer the next generation overwrites.
-        return self.target.tokens[:, start: start + new_tokens].to("cpu", copy=True)
+        return self._tokens(start, new_tokens)
+
+    @torch.no_grad()
+    def timed_generate(self, prompt_ids: torch.Tensor, new_tokens: int,
+                       k: int | None = None) -> tuple[torch.Tensor, "LoopTimes"]:
+        """`generate`, its loop clocked pass by pass (CUDA events on a GPU, the host's
+        clock on a CPU): what a pass costs inside the loop, and what the loop adds between
+        passes. The same tokens as `generate`; the clocks cost a little host time."""
+        started = self._start(prompt_ids, new_tokens, k)
+        if started is None:
+            return torch.empty((1, 0), dtype=torch.int64), LoopTimes((), ())
+        run, k, start = started
+        clock = _Clock(self.pos.is_cuda, 2 * new_tokens)  # made before the loop
+        last, pos = start + new_tokens - 1, start
+        while pos < last:
+            clock.mark()  # the pass is queued here ...
+            run()
+            clock.mark()  # ... and ends here on the device
+            pos = int(self.target.pos.item())
+        self.passes, self.host_pos = len(clock.marks) // 2, pos
+        return self._tokens(start, new_tokens), clock.loop_times()
+
+
+@dataclass(frozen=True)
+class LoopTimes:
+    """A generation's loop, clocked: `pass_ms[i]`, pass i from its launch to its end on
+    the device (a graph replay after an idle device: the launch is in it); `gap_ms[i]`,
+    from the end of pass i to the launch of pass i + 1 (the host's read of the position,
+    its loop and its launch). A generation of P passes has P and P - 1 of them."""
+
+    pass_ms: tuple[float, ...]
+    gap_ms: tuple[float, ...]
+
+    @property
+    def passes(self) -> int:
+        return len(self.pass_ms)
+
+    @property
+    def loop_ms(self) -> float:
+        """From the first pass's launch to the last pass's end."""
+        return sum(self.pass_ms) + sum(self.gap_ms)
+
+
+class _Clock:
+    """Timestamps in the device's order: CUDA events (made up front, so that the loop
+    only records them) on a GPU, the host's clock on a CPU."""
+
+    def __init__(self, cuda: bool, most: int):
+        self.cuda, self.marks = cuda, []
+        self._events = ([torch.cuda.Event(enable_timing=True) for _ in range(most)]
+                        if cuda else [])
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = self._events[len(self.marks)]
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def _ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+    def loop_times(self) -> LoopTimes:
+        if self.cuda and self.marks:
+            self.marks[-1].synchronize()
+        m = self.marks
+        return LoopTimes(tuple(self._ms(m[i], m[i + 1]) for i in range(0, len(m), 2)),
+                         tuple(self._ms(m[i], m[i + 1]) for i in range(1, len(m) - 1, 2)))
 
 
 def repeatable(pos: torch.Tensor, start: int, fn: Callable[[], object]) -> Callable[[], object]:

@@ -1,19 +1,24 @@
-"""A training corpus built on the machine itself: the Python sources already installed.
+"""A training corpus that needs no download: text the machine already holds.
 
 Chapter 6 trains a small target and a smaller draft model, and a draft only helps if
-both have learned the same text. The book downloads nothing, so the text is what every
-machine that runs it already holds: the standard library and the installed packages
-torch, transformers, matplotlib and numpy, thousands of files and over 100 MB. Code is a
-good corpus for speculative decoding: much of it is predictable (indentation, closing
-brackets, `self.`), so a small draft guesses many tokens right.
+both have learned the same text. The book downloads nothing. Its corpus is the book's own
+repository (`repository_files`): the package's sources, the chapters and the tests, as
+committed, in sorted order. That text is the same on every machine that runs a given
+commit, whatever is installed there, so the same code trains the same models. (The other
+corpus, `python_files`, the installed standard library and packages, is over 100 MB but
+changes with every Python and package release.) Code is a good corpus for speculative
+decoding: much of it is predictable (indentation, closing brackets, `self.`), so a small
+draft guesses many tokens right.
 
-`build` holds every 20th file out, trains a byte-level BPE tokenizer on (a quarter of)
-the rest and encodes both into one stream of token ids each, files separated by `EOT`.
-Byte-level BPE reads any text: decoding the ids gives back the exact source.
+`build` holds every 20th file out, trains a byte-level BPE tokenizer on (every
+`tokenizer_every`-th file of) the rest and encodes both into one stream of token ids each,
+files separated by `EOT`. Byte-level BPE reads any text: decoding the ids gives back the
+exact source. BPE's training is deterministic: the same files give the same tokenizer.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import sysconfig
@@ -28,6 +33,11 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 PACKAGES = ("torch", "transformers", "matplotlib", "numpy")
+# The book's own text: the package, the chapters, the tests. Not book/_recorded (a
+# recording would feed the next one) nor anything generated.
+REPOSITORY_GLOBS = ("code/gpuinfer/**/*.py", "book/*.md", "tests/*.py")
+# The repository's root, seen from this file: code/gpuinfer/model/corpus.py
+REPOSITORY = Path(__file__).resolve().parents[3]
 EOT = "<|endoftext|>"  # the special token put between files
 
 # Folders that hold no source of their own: the packages installed under the standard
@@ -67,6 +77,41 @@ def python_files(packages: Sequence[str] = PACKAGES, *,
     roots = [Path(sysconfig.get_paths()["stdlib"])] if stdlib else []
     roots += [package_dir(name) for name in packages]
     return sorted({path.resolve() for root in roots for path in _py_files_under(root)})
+
+
+def repository_files(root: Path | str = REPOSITORY,
+                     globs: Sequence[str] = REPOSITORY_GLOBS) -> list[Path]:
+    """The files of the book's repository at `root` that match `globs` (relative to it):
+    sorted by their path relative to `root`, so that every checkout, wherever it lies,
+    lists the same files in the same order. Only files under `root` (a link that leads
+    out of it is left out): nothing installed on the machine enters the corpus."""
+    root = Path(root).resolve()
+    if not (root / "book").is_dir() or not (root / "code" / "gpuinfer").is_dir():
+        raise FileNotFoundError(f"{root} is not the book's repository (no book/ and "
+                                "code/gpuinfer/ in it): pass the folder of a checkout, "
+                                "or install the package in editable mode from one")
+    found = {}
+    for pattern in globs:
+        for path in root.glob(pattern):
+            real = path.resolve()
+            if real.is_file() and "__pycache__" not in path.parts and \
+                    real.is_relative_to(root):
+                found[path.relative_to(root).as_posix()] = path
+    if not found:
+        raise FileNotFoundError(f"no file under {root} matches {', '.join(globs)}: "
+                                "pass the folder of a checkout of the book")
+    return [found[name] for name in sorted(found)]
+
+
+def digest(files: Sequence[Path]) -> str:
+    """The first 12 hex digits of the SHA-256 of the files' bytes, in order, each
+    preceded by its length: two corpora with the same digest are the same text."""
+    sha = hashlib.sha256()
+    for path in files:
+        data = Path(path).read_bytes()
+        sha.update(len(data).to_bytes(8, "little"))
+        sha.update(data)
+    return sha.hexdigest()[:12]
 
 
 def version(name: str) -> str:
@@ -116,6 +161,8 @@ def train_tokenizer(files: list[Path], vocab_size: int = 8192, *,
     """A byte-level BPE tokenizer with `vocab_size` tokens (EOT included), trained on
     every `every`-th of `files`: a quarter of the corpus finds the same frequent merges
     as all of it, in seconds rather than a minute."""
+    if every < 1:
+        raise ValueError(f"every={every}: train on every n-th file, n >= 1 (1: all)")
     if vocab_size <= 257:
         raise ValueError(f"vocab_size={vocab_size}: needs more than 257 (256 bytes and "
                          "EOT) to learn any merge")
@@ -189,16 +236,18 @@ class Corpus:
                 f"{self.vocab_size:,}, built in {self.seconds:.1f} s")
 
 
-def build(files: list[Path], *, vocab_size: int = 8192, every: int = 20) -> Corpus:
-    """Hold out every `every`-th file, train a tokenizer on the training files, encode
-    both sets; timed from the tokenizer's training to the last encoded file."""
+def build(files: list[Path], *, vocab_size: int = 8192, every: int = 20,
+          tokenizer_every: int = 4) -> Corpus:
+    """Hold out every `every`-th file, train a tokenizer on every `tokenizer_every`-th
+    training file (1: all of them, for a corpus of a few MB), encode both sets; timed
+    from the tokenizer's training to the last encoded file."""
     if len(files) < every:
         raise ValueError(f"{len(files)} files given: at least every={every} are "
                          "needed so that one is held out; give more files or a "
                          "smaller `every`")
     train_files, heldout_files = held_out(files, every)
     start = time.perf_counter()
-    tokenizer = train_tokenizer(train_files, vocab_size)
+    tokenizer = train_tokenizer(train_files, vocab_size, every=tokenizer_every)
     train, n_train, bytes_train = _encode_counted(tokenizer, train_files)
     heldout, n_heldout, bytes_heldout = _encode_counted(tokenizer, heldout_files)
     seconds = time.perf_counter() - start

@@ -6,6 +6,11 @@ GPU, on the corpus of `gpuinfer.model.corpus`. The recipe is the usual one for s
 models: random windows of the stream, AdamW, a linear warmup then a cosine decay of the
 learning rate, gradients clipped, BF16 autocast on the GPU.
 
+The same code trains the same model, bit for bit, on the same kind of GPU: a fixed number
+of steps (a slower GPU takes longer, it does not learn less), the windows drawn from a
+seeded CPU generator, and deterministic kernels while training (`deterministic`). The
+model's initial weights are the caller's to seed (`configs.build_model` does).
+
 The loop syncs with the host only where it prints: reading a loss with `.item()` waits
 for the GPU to finish, and doing it every step would leave the GPU idle while Python
 queues the next one.
@@ -15,11 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpuinfer.env import sync
 from gpuinfer.model.corpus import decode
@@ -41,15 +48,19 @@ class TrainLog:
         return sum(last) / len(last)
 
 
+def _check_window(tokens: torch.Tensor, seq_len: int) -> None:
+    if len(tokens) < seq_len + 1:
+        raise ValueError(f"a stream of {len(tokens)} tokens is shorter than one window "
+                         f"of seq_len + 1 = {seq_len + 1}; use a shorter seq_len or "
+                         "more text")
+
+
 def batches(tokens: torch.Tensor, *, batch: int, seq_len: int,
             generator: torch.Generator) -> torch.Tensor:
     """`batch` random windows of the 1-D stream, (batch, seq_len + 1): the first seq_len
     tokens are the input, the last seq_len the targets. Start offsets are drawn with
     `generator` (a CPU generator), so a seed gives the same windows on any device."""
-    if len(tokens) < seq_len + 1:
-        raise ValueError(f"a stream of {len(tokens)} tokens is shorter than one window "
-                         f"of seq_len + 1 = {seq_len + 1}; use a shorter seq_len or "
-                         "more text")
+    _check_window(tokens, seq_len)
     starts = torch.randint(0, len(tokens) - seq_len, (batch, 1), generator=generator)
     return tokens[starts + torch.arange(seq_len + 1)]
 
@@ -62,6 +73,46 @@ def learning_rate(step: float, *, steps: int, lr: float, warmup: int) -> float:
     progress = min(1.0, (step - warmup) / max(1, steps - 1 - warmup))
     floor = lr / 10
     return floor + (lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# cuBLAS is deterministic on one stream; these workspace settings make it so on any number
+# of streams, and PyTorch's deterministic mode refuses a matrix product without one.
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
+# The attention kernels whose backward PyTorch makes deterministic in deterministic mode
+# (flash and memory-efficient: one split of the keys instead of atomic adds; the math one
+# is plain products). cuDNN's attention is left out.
+_DETERMINISTIC_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                       SDPBackend.MATH]
+
+
+@contextlib.contextmanager
+def deterministic(device: torch.device):
+    """Deterministic kernels inside the block, the previous settings restored after it:
+    PyTorch's deterministic algorithms (an op that has none raises, rather than train a
+    different model), cuDNN's deterministic choice without benchmarking, and attention
+    on the kernels above. On a GPU, CUBLAS_WORKSPACE_CONFIG must be unset or one of
+    `CUBLAS_DETERMINISTIC`: unset, it is set to the first for this process (the book's
+    chapters set it before CUDA starts; set later it still passes PyTorch's check, and
+    training runs on one stream, where cuBLAS is deterministic with any workspace)."""
+    if device.type == "cuda":
+        config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+        if config is not None and config not in CUBLAS_DETERMINISTIC:
+            raise ValueError(f"CUBLAS_WORKSPACE_CONFIG={config!r} makes cuBLAS "
+                             f"non-deterministic: set it to {CUBLAS_DETERMINISTIC[0]!r} "
+                             "(or unset it) before the process starts, or train with "
+                             "deterministic=False")
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC[0])
+    saved = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        with sdpa_kernel(_DETERMINISTIC_SDPA):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2:]
 
 
 def _autocast(device: torch.device):
@@ -94,19 +145,29 @@ def _optimizer(model, *, lr: float, weight_decay: float,
 
 def train(model, tokens: torch.Tensor, *, steps: int, batch: int, seq_len: int,
           lr: float = 1e-3, warmup: int | None = None, weight_decay: float = 0.1,
-          seed: int = 0, seconds: float | None = None, log_every: int | None = None,
-          name: str = "model") -> TrainLog:
+          seed: int = 0, log_every: int | None = None, name: str = "model",
+          deterministic_kernels: bool = True) -> TrainLog:
     """Train a `transformers` causal LM (e.g. LlamaForCausalLM) to predict the next
-    token, `steps` steps of `batch` random windows of `seq_len` tokens from `tokens`.
-    With `seconds`, stop once that much time has passed, and let the learning rate
-    follow whichever of steps and time runs out first: a budget that bounds a run on
-    any GPU. Prints the loss every `log_every` steps (default: ten lines) and at the
-    end. The model is left in eval mode."""
+    token, `steps` steps of `batch` random windows of `seq_len` tokens from `tokens`,
+    drawn with `seed`. With `deterministic_kernels` (`deterministic`), the same model,
+    initial weights and arguments give the same trained weights, bit for bit, on the
+    same kind of device. Prints the loss every `log_every` steps (default: ten lines)
+    and at the end. The model is left in eval mode."""
     if steps < 1:
         raise ValueError(f"steps={steps}: train for at least one step")
+    _check_window(tokens, seq_len)  # refused before the model changes
     warmup = max(1, steps // 20) if warmup is None else max(1, warmup)
     log_every = max(1, steps // 10) if log_every is None else max(1, log_every)
     device = next(model.parameters()).device
+    kernels = deterministic(device) if deterministic_kernels else contextlib.nullcontext()
+    with kernels:
+        return _train(model, tokens, steps=steps, batch=batch, seq_len=seq_len, lr=lr,
+                      warmup=warmup, weight_decay=weight_decay, seed=seed,
+                      log_every=log_every, name=name, device=device)
+
+
+def _train(model, tokens, *, steps, batch, seq_len, lr, warmup, weight_decay, seed,
+           log_every, name, device) -> TrainLog:
     optimizer = _optimizer(model, lr=lr, weight_decay=weight_decay, device=device)
     generator = torch.Generator().manual_seed(seed)
     # Losses stay on the device until the end: storing one is a copy queued on the GPU,
@@ -115,19 +176,13 @@ def train(model, tokens: torch.Tensor, *, steps: int, batch: int, seq_len: int,
     model.train()
     sync()
     start = time.perf_counter()
-    done = 0
     for step in range(steps):
-        elapsed = time.perf_counter() - start  # the host runs a step or two ahead
-        if seconds is not None and step and elapsed >= seconds:
-            break  # (after one step at least)
-        # How far along the schedule: by steps, or by time if that runs out first.
-        along = step if seconds is None else max(step, steps * elapsed / seconds)
         window = batches(tokens, batch=batch, seq_len=seq_len, generator=generator)
         if device.type == "cuda":
             window = window.pin_memory()  # lets the copy below overlap the GPU's work
         window = window.to(device, non_blocking=True)
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(along, steps=steps, lr=lr, warmup=warmup)
+            group["lr"] = learning_rate(step, steps=steps, lr=lr, warmup=warmup)
         with _autocast(device):
             loss = _next_token_loss(model, window)
         optimizer.zero_grad(set_to_none=True)
@@ -135,15 +190,14 @@ def train(model, tokens: torch.Tensor, *, steps: int, batch: int, seq_len: int,
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses[step] = loss.detach()
-        done = step + 1
-        if done % log_every == 0:
-            _progress(name, done, steps, loss, start)
-    if done % log_every:
-        _progress(name, done, steps, loss, start)  # the last step
+        if (step + 1) % log_every == 0:
+            _progress(name, step + 1, steps, loss, start)
+    if steps % log_every:
+        _progress(name, steps, steps, loss, start)  # the last step
     sync()
     took = time.perf_counter() - start
     model.eval()
-    return TrainLog(tuple(losses[:done].tolist()), took, done, done * batch * seq_len)
+    return TrainLog(tuple(losses.tolist()), took, steps, steps * batch * seq_len)
 
 
 def _progress(name: str, step: int, steps: int, loss: torch.Tensor, start: float) -> None:
