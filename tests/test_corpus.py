@@ -193,3 +193,36 @@ def test_build_trains_the_tokenizer_on_every_nth_training_file(small_files):
     assert every.tokenizer.to_str() != quarter.tokenizer.to_str()
     with pytest.raises(ValueError, match="every=0"):
         build(small_files, vocab_size=400, tokenizer_every=0)
+
+
+import gpuinfer.model.corpus as C  # noqa: E402 (`corpus` is a fixture here)
+
+
+def test_the_snapshot_is_the_named_one_and_unpacks_to_the_books_text():
+    import os
+
+    files = C.snapshot_files()
+    assert files == C.snapshot_files()  # unpacked once per process
+    root = Path(os.path.commonpath(files))
+    names = {f.relative_to(root).as_posix() for f in files}
+    assert {"code/gpuinfer/model/corpus.py", "book/06_speculative.md"} <= names
+    assert not root.is_relative_to(C.REPOSITORY)  # not the live checkout
+
+
+def test_a_snapshot_is_byte_for_byte_the_same_for_the_same_files(tmp_path):
+    root = Path(C.REPOSITORY)
+    one, two = tmp_path / "one.tar.gz", tmp_path / "two.tar.gz"
+    assert C.freeze(root, one) == C.freeze(root, two)
+    assert one.read_bytes() == two.read_bytes()
+
+
+def test_a_changed_snapshot_is_refused(monkeypatch, tmp_path):
+    fake = tmp_path / "corpus_snapshot.tar.gz"
+    fake.write_bytes(C.SNAPSHOT.read_bytes() + b"\0")
+    monkeypatch.setattr(C, "SNAPSHOT", fake)
+    C.snapshot_files.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="is not the snapshot this module names"):
+            C.snapshot_files()
+    finally:
+        C.snapshot_files.cache_clear()

@@ -2,9 +2,10 @@
 
 Chapter 6 trains a small target and a smaller draft model, and a draft only helps if
 both have learned the same text. The book downloads nothing. Its corpus is the book's own
-repository (`repository_files`): the package's sources, the chapters and the tests, as
-committed, in sorted order. That text is the same on every machine that runs a given
-commit, whatever is installed there, so the same code trains the same models. (The other
+text (`repository_files`: the package's sources, the chapters and the tests, in sorted
+order), frozen into the package (`SNAPSHOT`, read by `snapshot_files`): the same on every
+machine, whatever is installed there, and the same for every recording of the same code,
+whatever was committed since, so the same code trains the same models. (The other
 corpus, `python_files`, the installed standard library and packages, is over 100 MB but
 changes with every Python and package release.) Code is a good corpus for speculative
 decoding: much of it is predictable (indentation, closing brackets, `self.`), so a small
@@ -18,10 +19,14 @@ exact source. BPE's training is deterministic: the same files give the same toke
 
 from __future__ import annotations
 
+import functools
+import gzip
 import hashlib
 import importlib.util
+import io
 import os
 import sysconfig
+import tarfile
 import time
 from importlib import metadata
 from collections.abc import Iterator, Sequence
@@ -101,6 +106,50 @@ def repository_files(root: Path | str = REPOSITORY,
         raise FileNotFoundError(f"no file under {root} matches {', '.join(globs)}: "
                                 "pass the folder of a checkout of the book")
     return [found[name] for name in sorted(found)]
+
+
+# The corpus the chapters train on: the book's text (REPOSITORY_GLOBS) as it was when it was
+# frozen into this file, so that every recording of the same code trains on the same text
+# whatever the checkout holds by then (the live repository changes with every commit).
+# Made by `python -m gpuinfer.model.corpus freeze`; its SHA-256 is checked on every read,
+# and a new snapshot changes this module, which stales the chapters that train on it.
+SNAPSHOT = Path(__file__).with_name("corpus_snapshot.tar.gz")
+SNAPSHOT_SHA256 = "1e509b8732d95b80a4f20ff4cd954bbc51cef98252d41433cef715f8893915d8"
+
+
+def freeze(root: Path | str = REPOSITORY, path: Path | str = SNAPSHOT) -> str:
+    """Write `repository_files(root)` into the tarball `path`, byte for byte the same for
+    the same files (sorted, no times or owners); its SHA-256."""
+    root = Path(root).resolve()
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for file in repository_files(root):
+            data = file.read_bytes()
+            info = tarfile.TarInfo(file.relative_to(root).as_posix())
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    packed = gzip.compress(raw.getvalue(), compresslevel=9, mtime=0)
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_bytes(packed)
+    os.replace(tmp, path)
+    return hashlib.sha256(packed).hexdigest()
+
+
+@functools.cache
+def snapshot_files() -> list[Path]:
+    """The files of SNAPSHOT, unpacked into a scratch folder of this process, in
+    `repository_files` order: the corpus Chapters 5 and 6 train on."""
+    from gpuinfer.env import scratch_dir
+
+    packed = SNAPSHOT.read_bytes()
+    if hashlib.sha256(packed).hexdigest() != SNAPSHOT_SHA256:
+        raise ValueError(f"{SNAPSHOT.name} is not the snapshot this module names (SHA-256 "
+                         f"{SNAPSHOT_SHA256[:12]}…): restore it from git, or freeze a new "
+                         f"one and put its SHA-256 in SNAPSHOT_SHA256")
+    folder = Path(scratch_dir("corpus"))
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(packed))) as tar:
+        tar.extractall(folder, filter="data")
+    return repository_files(folder)
 
 
 def digest(files: Sequence[Path]) -> str:
@@ -253,3 +302,11 @@ def build(files: list[Path], *, vocab_size: int = 8192, every: int = 20,
     seconds = time.perf_counter() - start
     return Corpus(tokenizer, train, heldout, n_train, n_heldout,
                   (bytes_train + bytes_heldout) / 1e6, seconds)
+
+
+if __name__ == "__main__":  # python -m gpuinfer.model.corpus freeze
+    import sys
+
+    if sys.argv[1:] != ["freeze"]:
+        sys.exit("usage: python -m gpuinfer.model.corpus freeze")
+    print(f"{SNAPSHOT}: SHA-256 {freeze()} (put it in SNAPSHOT_SHA256)")
