@@ -67,11 +67,17 @@ def site(built_book):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(built_book):
     sync_api = pytest.importorskip("playwright.sync_api",
                                    reason="pip install playwright (the Python package)")
     if not CHROMIUM.exists():
         pytest.skip(f"no {CHROMIUM}: apt-get install -y chromium")
+    # The whole book's PDF, which every page links, is printed from the site first, as the
+    # publishing workflow does after the build (tests/test_pdf.py checks what it holds).
+    from gpuinfer.publish.pdf import PDF_NAME, build_pdf
+
+    if not (built_book / PDF_NAME).is_file():
+        build_pdf(ROOT, CHROMIUM, html=built_book)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for old in SCREENSHOTS.glob("*.png"):
         old.unlink()
