@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import unicodedata
 from html import unescape
 from pathlib import Path
 
@@ -30,8 +31,9 @@ pytestmark = pytest.mark.slow
 
 
 def words(text: str) -> str:
-    """Text with its whitespace collapsed (the PDF's lines break where the HTML's do not)."""
-    return re.sub(r"\s+", " ", text).strip()
+    """Text with its whitespace collapsed (the PDF's lines break where the HTML's do not)
+    and its ligatures spelled out (the PDF's text has "ﬂ" for "fl")."""
+    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text)).strip()
 
 
 @pytest.fixture(scope="module")
