@@ -67,11 +67,17 @@ def site(built_book):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(built_book):
     sync_api = pytest.importorskip("playwright.sync_api",
                                    reason="pip install playwright (the Python package)")
     if not CHROMIUM.exists():
         pytest.skip(f"no {CHROMIUM}: apt-get install -y chromium")
+    # The whole book's PDF, which every page links, is printed from the site first, as the
+    # publishing workflow does after the build (tests/test_pdf.py checks what it holds).
+    from gpuinfer.publish.pdf import PDF_NAME, build_pdf
+
+    if not (built_book / PDF_NAME).is_file():
+        build_pdf(ROOT, CHROMIUM, html=built_book)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for old in SCREENSHOTS.glob("*.png"):
         old.unlink()
@@ -155,6 +161,51 @@ def is_blank(png: bytes) -> bool:
     with Image.open(io.BytesIO(png)) as im:
         small = im.convert("RGB").resize((64, 45))
         return len(small.getcolors(maxcolors=64 * 45)) < 8
+
+
+# Every code block of the article at its widest: a code cell's input, each of a cell's
+# outputs, and every other block of code (`pre`: literal blocks, literalinclude, the
+# commands of a page). Closed dropdowns and hidden inputs are opened while they are measured
+# (a reader opens them), and restored. Tables are left to the table check; a block that
+# overflows is reported once, by the most it overflows anywhere inside it.
+CODE_OVERFLOW_JS = """(tolerance) => {
+    const article = document.querySelector('article');
+    if (!article) return [];
+    const closed = Array.from(article.querySelectorAll('details:not([open])'));
+    closed.forEach(d => { d.open = true; });
+    const roots = Array.from(article.querySelectorAll(
+        '.cell_input, .cell_output > *, pre')).filter(el =>
+        !(el.tagName === 'PRE' && el.parentElement.closest('.cell_input, .cell_output')) &&
+        !el.closest('table, .pst-scrollable-table-container'));
+    const kind = el => el.closest('.cell_input') ? 'code cell'
+        : el.closest('.cell_output') ? 'output' : 'code block';
+    const found = [];
+    for (const root of roots) {
+        if (root.offsetParent === null) continue;  // not laid out (display: none)
+        let over = 0, scroll = 0, client = 0;
+        for (const el of [root, ...root.querySelectorAll('*')]) {
+            if (el.clientWidth === 0 || el.closest('table')) continue;  // inline
+            if (el.scrollWidth - el.clientWidth > over) {
+                over = el.scrollWidth - el.clientWidth;
+                [scroll, client] = [el.scrollWidth, el.clientWidth];
+            }
+        }
+        if (over > tolerance) {
+            const line = ((root.innerText || '').split('\\n').find(l => l.trim()) || '')
+                .trim().slice(0, 50);
+            found.push(`${kind(root)} "${line}" overflows by ${over} px ` +
+                       `(${scroll} px of text in ${client} px)`);
+        }
+    }
+    closed.forEach(d => { d.open = false; });
+    return found;
+}"""
+OVERFLOW_TOLERANCE_PX = 2  # sub-pixel widths round either way
+
+
+def overflowing_code(page) -> list[str]:
+    """The article's code blocks and outputs that scroll sideways, in words."""
+    return page.evaluate(CODE_OVERFLOW_JS, OVERFLOW_TOLERANCE_PX)
 
 
 def check_links(page, base: str, url: str, problems: Problems) -> int:
@@ -243,6 +294,9 @@ def test_page_works_in_a_browser(tab, docname):
         .map(([t, box]) => `${(t.innerText || '').trim().slice(0, 40)}... is ` +
                            `${t.scrollWidth} px wide in a ${box.clientWidth} px column`)""")
     problems.extend(f"table wider than the page: {w}" for w in wide)
+    # Every code block and output fits it too: an 88-character line of code (the book's
+    # style rule) without a scrollbar, printed text wrapped (static/gpuinfer.css).
+    problems.extend(f"wider than the page: {w}" for w in overflowing_code(page))
 
     links = check_links(page, base, url, problems)
     downloads = check_downloads(page, base, html, problems)

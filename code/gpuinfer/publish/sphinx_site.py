@@ -3,7 +3,8 @@
 - `{gpu-spec-table}`: the datasheet table of gpuinfer.measure.roofline, rendered at build
   time, so that the appendix cannot drift from the numbers the chapters use.
 - The theme's download menu (top right of a page) gets the files a chapter page links for
-  download from its recording (the executed notebook, profiler traces), next to the source.
+  download from its recording (the executed notebook, profiler traces), next to the source,
+  and on every page the whole book as one PDF (book.pdf, gpuinfer.publish.pdf).
 - Figures get alt text: gpuinfer.report.plots stores a description of every figure in its
   PNG, and it becomes the <img alt> here (instead of the file's name).
 - The repository: its address (`repository_url`) comes from the publishing workflow
@@ -13,6 +14,8 @@
   reader the commands that get the package and run one chapter on their GPU.
 - Tables: a smaller font and tighter cells (static/gpuinfer.css), so that the wide ones fit
   the text column; the theme's container still scrolls a table sideways on a narrow screen.
+  Code: 12 px, so that an 88-character line of a code cell fits the column at 1280 px;
+  outputs and literalinclude blocks wrap. Print styles for the PDF (no sidebars).
 - Two fixes of the theme's page head, found by the browser test (tests/test_browser.py):
   the colour mode starts in "auto" (without it a first visit logs "Got invalid theme mode"),
   and sphinx-thebe's inline script, emitted twice, is emitted once (the second copy is a
@@ -198,8 +201,13 @@ def recording_downloads(app, pagename: str) -> list[tuple[str, str]]:
     return sorted(found, key=lambda f: (not f[0].endswith(".ipynb"), f[0]))
 
 
+BOOK_PDF = "book.pdf"  # gpuinfer.publish.pdf.PDF_NAME, at the top of the site
+
+
 def add_download_buttons(app, pagename, templatename, context, doctree):
-    """html-page-context, after the theme built its header buttons (priority 501)."""
+    """html-page-context, after the theme built its header buttons (priority 501): the
+    recording's files, and the whole book as a PDF (which `python -m gpuinfer.publish.pdf`
+    prints from the built site, after the build: the publishing workflow does)."""
     group = next((b for b in context.get("header_buttons", [])
                   if b.get("label") == "download-buttons"), None)
     if group is None:
@@ -218,6 +226,14 @@ def add_download_buttons(app, pagename, templatename, context, doctree):
             "label": "download-recording-button",
         })
     group["buttons"][1:1] = extra  # after the page's source, before "print to PDF"
+    group["buttons"].append({  # written after the build by gpuinfer.publish.pdf
+        "type": "link",
+        "url": context["pathto"](BOOK_PDF, 1),
+        "text": "book.pdf (whole book)",
+        "tooltip": "Every page of the book in one PDF, with its figures",
+        "icon": "fas fa-book",
+        "label": "download-book-pdf-button",
+    })
 
 
 # --- figures -----------------------------------------------------------------------------
