@@ -82,3 +82,11 @@ def test_a_chapter_title_is_its_first_heading(tmp_path):
     assert chapter_title(page) == "2. Profile and optimize a greedy decode loop"
     page.write_text("```python\n# not this\n```\nno heading at all\n")
     assert chapter_title(page) == "02_decode"
+
+
+def test_the_box_goes_after_the_title_or_the_front_matter():
+    from gpuinfer.publish.sphinx_recordings import insert_after_title
+
+    front = "---\nkernelspec:\n  name: python3\n---\n"
+    assert insert_after_title(front + "# T\ntext\n", "BOX") == front + "# T\n\nBOX\ntext\n"
+    assert insert_after_title(front + "text\n", "BOX") == front + "\nBOX\ntext\n"

@@ -272,12 +272,17 @@ def box(status: recordings.Status, page_dir: Path) -> str:
             f"- **Download:** {', '.join(downloads)}\n```\n")
 
 
+def _front_matter_end(lines: list[str]) -> int:
+    """The index of the first line after the front matter (0 without one)."""
+    if lines and lines[0].startswith("---"):
+        return next((i + 1 for i in range(1, len(lines)) if lines[i].startswith("---")), 0)
+    return 0
+
+
 def _title_line(lines: list[str]) -> int | None:
     """The index of the first `# ` heading after the front matter, outside code fences."""
-    start, fence = 0, None
-    if lines and lines[0].startswith("---"):
-        start = next((i + 1 for i in range(1, len(lines)) if lines[i].startswith("---")), 0)
-    for i in range(start, len(lines)):
+    fence = None
+    for i in range(_front_matter_end(lines), len(lines)):
         marker = lines[i].lstrip()[:3]
         if marker in ("```", "~~~"):
             fence = None if fence == marker else fence or marker
@@ -298,7 +303,7 @@ def insert_after_title(text: str, block: str) -> str:
     """Insert a markdown block after the first `# ` heading (after the front matter)."""
     lines = text.splitlines(keepends=True)
     at = _title_line(lines)
-    at = 0 if at is None else at + 1
+    at = _front_matter_end(lines) if at is None else at + 1
     return "".join(lines[:at]) + "\n" + block + "\n" + "".join(lines[at:])
 
 
