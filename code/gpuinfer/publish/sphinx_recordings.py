@@ -41,7 +41,6 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from docutils import nodes
 from sphinx.util import logging
 
 from gpuinfer.env import host_text

@@ -3,9 +3,9 @@
 The directive `{decode-results}` renders one table of every decode variant the chapters
 measure (with `:fastest:`, only the fastest of each chapter, for the intro), read at build
 time from the values each chapter's page glued under `gpuinfer.report.results.GLUE_NAME`
-(its recording, and its presentation cells run from it): no number on that page is typed. A chapter whose
-recording is not fresh (missing, stale, a CPU run) is left out, so that the table never
-shows a number the chapter does not.
+(its recording, and its presentation cells run from it): no number on that page is typed.
+A chapter whose recording is not fresh (missing, stale, a CPU run) is left out, so that the
+table never shows a number the chapter does not.
 
 Every row is decode only (ms per generated token, the prefill in its own column where the
 chapter timed it); a median is followed by its spread over the chapter's rounds, as the
