@@ -211,6 +211,59 @@ def test_fixture_builds_from_recordings_and_previews_the_rest(tmp_path):
     assert "V9 fixture" not in re.sub(r"<[^>]+>", "", page(html, "book/results"))
 
 
+@pytest.mark.slow
+def test_pages_glue_their_peak_and_the_reproduce_page_names_the_hosts(tmp_path):
+    """Every chapter page glues peak_gpu_gib (NaN: not recorded on a GPU), the one made
+    from its recording and the preview alike, and the preview is cached with the cell that
+    glues it; the reproduce page's tables come from the recordings, the GPU budget from
+    gpuinfer.env; the results page heads a chapter by its title."""
+    from gpuinfer import env
+
+    root = Path(shutil.copytree(FIXTURE, tmp_path / "book",
+                                ignore=shutil.ignore_patterns("_build", "_recorded")))
+    for name in ("ch_a", "ch_b"):
+        chapter = root / "book" / f"{name}.md"
+        chapter.write_text(chapter.read_text() +
+                           "\nPeak GPU memory: {glue:text}`peak_gpu_gib` GiB.\n")
+    (root / "book" / "reproduce.md").write_text(
+        "# Reproduce\n\nCapped at {{ gpu_budget_gib }} GiB ({{ gpu_budget_gb }} GB).\n\n"
+        "```{recorded-runtimes}\n```\n\n```{recorded-hosts}\n```\n\n"
+        "```{gpu-memory-fit}\n```\n")
+    toc = root / "_toc.yml"
+    toc.write_text(toc.read_text() + "  - file: book/reproduce\n")
+    config = root / "_config.yml"
+    config.write_text(config.read_text().replace(
+        "    - gpuinfer.publish.sphinx_results\n",
+        "    - gpuinfer.publish.sphinx_results\n    - gpuinfer.publish.sphinx_reproduce\n"))
+    assert record.main(["--root", str(root), "--allow-cpu", "ch_a"]) == 0  # ch_b: none
+    html = root / "_build" / "html"
+
+    log = jupyter_book_build(root).log
+    assert executed(log) == [str(root / "book" / "ch_b.md")]  # the preview
+    [warning] = sphinx_warnings(log)
+    assert "there is no recording book/_recorded/ch_b.ipynb" in warning
+    text = {name: " ".join(re.sub(r"<[^>]+>", "", page(html, f"book/{name}")).split())
+            for name in ("ch_a", "ch_b", "reproduce", "results")}
+    assert "Peak GPU memory: nan GiB" in text["ch_a"]  # from its (CPU) recording
+    assert "Peak GPU memory: nan GiB" in text["ch_b"]  # from the preview's own cell
+    assert f"Host: {env.host_text(env.provenance())}" in text["ch_a"]
+    budget_gb = env.GPU_BUDGET_GIB * 2**30 / 1e9
+    assert f"Capped at {env.GPU_BUDGET_GIB:g} GiB ({budget_gb:.1f} GB)" in text["reproduce"]
+    hosts = re.search(r'<table class="[^"]*recorded-hosts.*?</table>',
+                      page(html, "book/reproduce"), re.S)
+    assert hosts, "no table of the recordings' hosts"
+    rows = [" ".join(re.sub(r"<[^>]+>", " ", r).split())
+            for r in re.findall(r"<tr.*?</tr>", hosts.group(0), re.S)[1:]]
+    assert rows[0].startswith("Chapter A none (CPU smoke run)") and \
+        env.cpu_model() in rows[0] and f" {len(os.sched_getaffinity(0))} " in rows[0]
+    assert rows[1].startswith("Chapter B not recorded yet")
+    assert 'class="gpu-memory-fit' in page(html, "book/reproduce")
+    assert "Chapter A: a fixture model" in text["results"] and "ch_a:" not in text["results"]
+
+    log = jupyter_book_build(root).log  # the preview, with its cell, is cached
+    assert executed(log) == [] and "book/ch_b.md: Using cached notebook" in log
+
+
 # --- what a build refuses -----------------------------------------------------------------
 
 def failed_build(root: Path, **env) -> str:

@@ -118,3 +118,54 @@ def test_glued_prints_the_pages_values_as_json(recorded, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.startswith("error: chapter ch_b has no valid GPU recording") and \
         err.count("\n") == 1
+
+
+def test_every_page_glues_its_recordings_peak_gpu_memory(root):
+    """peak_gpu_gib, a plain float: the recording's peak GPU memory; NaN where the chapter
+    was not recorded on a GPU (this CPU smoke recording). Its output rides on an existing
+    cell, so the page's code cells (myst-nb's cache key) are the chapter's."""
+    import math
+
+    from gpuinfer.publish.present import PEAK_NAME
+    from gpuinfer.publish.validation import METADATA_KEY
+
+    path = root / "book" / "ch_a.md"
+    nb = made(root)
+    assert PEAK_NAME == "peak_gpu_gib" and math.isnan(glued.values(nb)[PEAK_NAME])
+    assert [c.source for c in nb.cells] == [c.source for c in book.read_chapter(path).cells]
+    recorded_nb = nbformat.read(book.recording_path(path), as_version=4)
+    recorded_nb.metadata[METADATA_KEY].update(smoke=False, peak_gpu_memory_gib=18.31)
+    nb = page(book.read_chapter(path), recorded_nb, book.artifacts_path(path) / DATA_FILE,
+              path.parent, "ch_a")
+    assert glued.values(nb)[PEAK_NAME] == 18.31
+    recorded_nb.metadata[METADATA_KEY]["peak_gpu_memory_gib"] = None  # no nvidia-smi
+    nb = page(book.read_chapter(path), recorded_nb, book.artifacts_path(path) / DATA_FILE,
+              path.parent, "ch_a")
+    assert math.isnan(glued.values(nb)[PEAK_NAME])
+
+
+def test_a_recording_presented_on_its_own_glues_its_peak(root):
+    """present() on a recording itself (as gpuinfer.publish.compare runs it) reads the
+    peak from the recording's own provenance; on the chapter alone it glues NaN."""
+    import math
+
+    from gpuinfer.publish.present import PEAK_NAME, present
+    from gpuinfer.publish.validation import METADATA_KEY
+
+    path = root / "book" / "ch_a.md"
+    nb = nbformat.read(book.recording_path(path), as_version=4)
+    nb.metadata[METADATA_KEY].update(smoke=False, peak_gpu_memory_gib=7.5)
+    present(nb, book.artifacts_path(path) / DATA_FILE, path.parent, "ch_a")
+    assert glued.values(nb)[PEAK_NAME] == 7.5
+    nb = book.read_chapter(path)  # the chapter, no provenance: a smoke run (test_chapters)
+    present(nb, book.artifacts_path(path) / DATA_FILE, path.parent, "ch_a")
+    assert math.isnan(glued.values(nb)[PEAK_NAME])
+
+
+def test_glued_lists_the_peak(recorded, capsys, monkeypatch):
+    import math
+
+    monkeypatch.chdir(recorded)
+    assert glued.main(["ch_a"]) == 0
+    values = json.loads(capsys.readouterr().out)
+    assert math.isnan(values["peak_gpu_gib"])  # a CPU recording: NaN, printed as NaN

@@ -89,9 +89,79 @@ def _version(package: str) -> str | None:
         return None
 
 
+CPUINFO = "/proc/cpuinfo"  # Linux's description of the host's CPUs
+
+
+def cpu_model() -> str:
+    """The host CPU's model as Linux names it ('model name' in /proc/cpuinfo, e.g. 'AMD
+    EPYC 9654 96-Core Processor'); elsewhere what the platform says, else its architecture."""
+    try:
+        with open(CPUINFO, encoding="utf8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def logical_cpus() -> int:
+    """The logical CPUs this process may run on (its affinity, not the machine's count: a
+    container or a job scheduler often gives a process fewer)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+# Where a CPU clock is read, best first: the highest clock the kernel's frequency driver
+# allows (kHz), the hardware's rated maximum (kHz), else the clock of the moment (MHz).
+CPUFREQ = "/sys/devices/system/cpu/cpu0/cpufreq/"
+CLOCK_SOURCES = ((CPUFREQ + "scaling_max_freq", "maximum (cpufreq scaling_max_freq)"),
+                 (CPUFREQ + "cpuinfo_max_freq", "maximum (cpufreq cpuinfo_max_freq)"))
+
+
+def cpu_clock() -> tuple[float | None, str | None]:
+    """(the CPU's clock in GHz, which clock it is), or (None, None) where none is readable.
+    The maximum from cpufreq where the kernel exposes it; else the 'cpu MHz' of
+    /proc/cpuinfo, the clock of the moment (a VM often shows its nominal clock there)."""
+    for path, said in CLOCK_SOURCES:
+        try:
+            with open(path, encoding="utf8") as f:
+                khz = float(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if khz > 0:
+            return round(khz / 1e6, 2), said
+    try:
+        with open(CPUINFO, encoding="utf8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "cpu MHz":
+                    return round(float(value) / 1e3, 2), "current (/proc/cpuinfo cpu MHz)"
+    except (OSError, ValueError):
+        pass
+    return None, None
+
+
+def triton_version() -> str | None:
+    """Triton's version (the compiler of torch.compile's GPU kernels and of Chapter 5's),
+    from its package metadata, else from the module; None where it is not installed."""
+    found = _version("triton") or _version("pytorch-triton")
+    if found:
+        return found
+    try:
+        import triton
+    except Exception:  # not installed, or broken: either way no version to state
+        return None
+    return getattr(triton, "__version__", None)
+
+
 def provenance() -> dict:
-    """What produced a run: hardware, software versions and the date (UTC)."""
+    """What produced a run: hardware (the GPU and the host CPU: host-bound figures, such as
+    launch costs, depend on it), software versions and the date (UTC)."""
     props = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
+    clock_ghz, clock_source = cpu_clock()
     return {
         "gpu": gpu_name(),
         "gpu_memory_gib": round(props.total_memory / 2**30, 1) if props else None,
@@ -99,12 +169,27 @@ def provenance() -> dict:
         "driver": driver_version(),
         "cuda": torch.version.cuda,
         "torch": torch.__version__,
+        "triton": triton_version(),
         "transformers": _version("transformers"),
         "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": platform.processor() or platform.machine(),  # the architecture, as before
+        "cpu_model": cpu_model(),
+        "cpu_count": logical_cpus(),
+        "cpu_clock_ghz": clock_ghz,
+        "cpu_clock_source": clock_source,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "smoke": smoke_mode(),
     }
+
+
+def host_text(info: dict) -> str:
+    """The host CPU as a line ('AMD EPYC 9654 96-Core Processor, 16 logical CPUs, 3.7 GHz
+    maximum (cpufreq ...)'); "not recorded" for a run that predates these fields."""
+    if "cpu_model" not in info:
+        return "not recorded"
+    clock = (f"{info['cpu_clock_ghz']:g} GHz {info.get('cpu_clock_source') or ''}".strip()
+             if isinstance(info.get("cpu_clock_ghz"), (int, float)) else "clock not readable")
+    return f"{info['cpu_model']}, {info.get('cpu_count', '?')} logical CPUs, {clock}"
 
 
 def announce() -> dict:
@@ -112,24 +197,30 @@ def announce() -> dict:
     On a GPU, first cap this process's memory at GPU_BUDGET_GIB (cap_gpu_memory): the
     chapter then runs on a card of that size.
 
-    Returns the provenance dict so the chapter can glue its fields into the prose.
+    Returns the provenance dict, and the cap as "gpu_memory_cap_gib", so the chapter can
+    glue its fields into the prose.
     """
     from IPython.display import Markdown, display
 
-    cap_gpu_memory()
+    cap = cap_gpu_memory()
     info = provenance()
     if info["smoke"]:
         display(Markdown(f":::{{warning}}\n{SMOKE_WARNING}\n:::"))
     rows = [
         ("Device", info["gpu"] or f"CPU only ({info['cpu']}), smoke mode"),
+        ("GPU memory cap", f"{cap:g} GiB for this process's allocator (a {GPU_BUDGET_GIB:g} "
+                           f"GiB budget less {CONTEXT_GIB:g} GiB for the CUDA context)"
+         if cap is not None else "none (no CUDA device)"),
+        ("Host CPU", host_text(info)),
         ("Driver / CUDA", f"{info['driver'] or '-'} / {info['cuda'] or '-'}"),
-        ("torch / transformers", f"{info['torch']} / {info['transformers'] or '-'}"),
+        ("torch / Triton / transformers",
+         f"{info['torch']} / {info['triton'] or '-'} / {info['transformers'] or '-'}"),
         ("Python", info["python"]),
         ("Executed", info["date"]),
     ]
     table = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
     display(Markdown(table))
-    return info
+    return {**info, "gpu_memory_cap_gib": cap}
 
 
 def sync() -> None:

@@ -7,6 +7,15 @@ presentation cell after measurement cell m, it restores what the recording kept 
 then runs the cells as written today. Their outputs (figures, tables, glued values) go into
 the notebook in place, beside the recorded outputs of the measurement cells.
 
+Every page also glues `peak_gpu_gib` (PEAK_NAME): the peak GPU memory in use, all the
+chapter's processes together, while it was recorded (the record command's
+gpuinfer.publish.gpumem, in the recording's provenance), in GiB; NaN where the chapter was
+not recorded on a GPU (a smoke run). Its output goes with the outputs of the page's last
+code cell, as a cell that ran `glue(PEAK_NAME, value, display=False)` would leave it: a
+cell of its own would change the notebook's cache key (its code cells), which must stay
+the chapter's. (A chapter that myst-nb executes as a preview glues it through
+gpuinfer.publish.sphinx_recordings.PREVIEW_CELL.)
+
 A presentation cell cannot touch the GPU or time anything: the rules of
 gpuinfer.publish.cells are checked before anything runs, and the kernel sees no CUDA device
 (CUDA_VISIBLE_DEVICES is empty), so what slips past the check fails there, naming the cell.
@@ -21,8 +30,11 @@ from pathlib import Path
 
 from gpuinfer.publish import cells as cellkinds
 from gpuinfer.publish.kept import DATA_FILE, read
+from gpuinfer.publish.validation import METADATA_KEY
 
 CELL_TIMEOUT_S = 300
+PEAK_NAME = "peak_gpu_gib"  # glued on every chapter's page: its recording's peak GPU memory
+GLUE_PREFIX = "application/papermill.record/"  # myst_nb.glue(..., display=False)
 NUMBER_KEY = "gpuinfer_cell"  # the chapter's code-cell number, on each cell that runs
 
 
@@ -83,14 +95,44 @@ def missing(nb, data_path: Path) -> list[str]:
     return said
 
 
-def present(nb, data_path: Path, cwd: Path, chapter: str) -> None:
-    """Run nb's presentation cells in place from the values kept in `data_path`;
+def peak_gib(meta: dict) -> float:
+    """The recording's peak GPU memory (GiB) as the page glues it: a plain float, NaN
+    where there is none (a smoke run, a run without nvidia-smi, a recording before it)."""
+    peak = meta.get("peak_gpu_memory_gib")
+    if meta.get("smoke") or isinstance(peak, bool) or not isinstance(peak, (int, float)):
+        return float("nan")
+    return float(peak)
+
+
+def glue_output(name: str, value: float):
+    """The output `myst_nb.glue(name, value, display=False)` leaves for a float: its repr
+    as text/plain, under the glue's prefix, named in the scrapbook metadata."""
+    import nbformat
+
+    return nbformat.v4.new_output(
+        "display_data", data={GLUE_PREFIX + "text/plain": repr(float(value))},
+        metadata={"scrapbook": {"name": name, "mime_prefix": GLUE_PREFIX}})
+
+
+def glue_peak(nb, peak: float) -> None:
+    """Add the glue of PEAK_NAME to the outputs of nb's last code cell (a new list: a
+    measurement cell's outputs are the recording's)."""
+    import nbformat
+
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    if not code:  # no cell to carry it: a hidden one (such a notebook runs nothing)
+        code = [nbformat.v4.new_code_cell("", metadata={"tags": ["remove-cell"]})]
+        nb.cells.append(code[0])
+    code[-1].outputs = [*code[-1].get("outputs", []), glue_output(PEAK_NAME, peak)]
+
+
+def present(nb, data_path: Path, cwd: Path, chapter: str,
+            peak_gpu_gib: float | None = None) -> None:
+    """Run nb's presentation cells in place from the values kept in `data_path`, and glue
+    `peak_gpu_gib` (PEAK_NAME; by default the peak in nb's own provenance where nb is a
+    recording, else NaN);
     PresentationError (one line, naming the chapter and the cell) if one breaks a rule of
     gpuinfer.publish.cells or fails."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
-
     try:
         broken = cellkinds.problems(cellkinds.code_cells(nb))
     except SyntaxError as exc:
@@ -98,8 +140,19 @@ def present(nb, data_path: Path, cwd: Path, chapter: str) -> None:
     if broken:
         raise PresentationError(f"chapter {chapter}: {broken[0]}")
     steps = plan(nb, Path(data_path).resolve())  # the kernel runs in `cwd`
-    if not steps:
-        return
+    if steps:
+        _run(nb, steps, cwd, chapter)
+    if peak_gpu_gib is None:
+        peak_gpu_gib = peak_gib(nb.metadata.get(METADATA_KEY) or {})
+    glue_peak(nb, peak_gpu_gib)
+
+
+def _run(nb, steps, cwd: Path, chapter: str) -> None:
+    """Run `steps` (plan) in a fresh kernel; their outputs go into nb's cells in place."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
     run = nbformat.v4.new_notebook(cells=[cell for _, cell in steps],
                                    metadata=copy.deepcopy(nb.metadata))
     client = NotebookClient(run, timeout=CELL_TIMEOUT_S, kernel_name="python3",
@@ -144,5 +197,5 @@ def page(nb, recorded, data_path: Path, cwd: Path, chapter: str):
         cell.outputs, cell.execution_count = rec.outputs, rec.execution_count
     if "language_info" in recorded.metadata:  # the lexer of the code cells
         nb.metadata["language_info"] = recorded.metadata["language_info"]
-    present(nb, data_path, cwd, chapter)
+    present(nb, data_path, cwd, chapter, peak_gib(recorded.metadata.get(METADATA_KEY) or {}))
     return nb

@@ -17,9 +17,14 @@ Under the title of each chapter page goes the recording's provenance, with downl
 (or, for a preview, a banner saying that its outputs are not GPU results). The recording
 and the package modules whose definitions a chapter reaches are Sphinx dependencies of
 its page, so an
-incremental build picks up a re-recording or a change of the package. The directive
-`{recorded-runtimes}` tabulates each chapter's recording: its state, GPU, date, run time and
-the peak GPU memory it used (gpuinfer.publish.gpumem).
+incremental build picks up a re-recording or a change of the package. (The reproduce
+page's tables of the recordings are gpuinfer.publish.sphinx_reproduce's.)
+
+Every page glues `peak_gpu_gib` (gpuinfer.publish.present.PEAK_NAME): a page made from its
+recording glues the recording's peak GPU memory; a preview glues NaN, from a hidden code
+cell (PREVIEW_CELL) put after its title with the banner, so that the chapter's text can
+cite it either way. That cell is a code cell of the preview, so it is in the key myst-nb
+caches the preview's execution under: `preview_notebook` reads the chapter with it.
 
 A build reads the recordings and never writes into them: it refuses a GPUINFER_ARTIFACTS
 (where a preview's traces go) that is relative, lies in the book or the package's sources,
@@ -36,18 +41,19 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from docutils import nodes
-from sphinx import addnodes
 from sphinx.util import logging
-from sphinx.util.docutils import SphinxDirective
 
+from gpuinfer.env import host_text
 from gpuinfer.publish import book, recordings
 from gpuinfer.publish.hashes import PACKAGE_DIR
-from gpuinfer.publish.present import PresentationError
-from gpuinfer.publish.sphinx_site import table
+from gpuinfer.publish.present import PEAK_NAME, PresentationError
 
 logger = logging.getLogger(__name__)
 SEED_KEY = "gpuinfer_recording"  # cache record data: sha256 of the recording it came from
+# What a preview runs after its title: no GPU ran it, so its peak GPU memory is NaN.
+PREVIEW_CELL = ("```{code-cell} ipython3\n:tags: [remove-cell]\n\n"
+                f"__import__('myst_nb').glue({PEAK_NAME!r}, float('nan'), display=False)\n"
+                "```\n")
 
 
 def stop(message: str):
@@ -56,12 +62,13 @@ def stop(message: str):
     raise SystemExit(f"error: {message}")
 
 
-def myst_nb_notebook(app, path: Path):
+def myst_nb_notebook(app, path: Path, text: str | None = None):
     """The chapter as myst-nb reads it when it parses the page (myst_nb.sphinx_.Parser):
-    same reader, same configuration, same kernel alias, hence the same cache key."""
+    same reader, same configuration, same kernel alias, hence the same cache key. `text`:
+    the page's source, if not the file's (a preview's, `preview_notebook`)."""
     from myst_nb.core.read import create_nb_reader
 
-    text = path.read_text(encoding="utf8")
+    text = path.read_text(encoding="utf8") if text is None else text
     reader = create_nb_reader(str(path), app.env.myst_config, app.env.mystnb_config, text)
     nb = reader.read(text)
     kernel = nb.metadata.get("kernelspec", {}).get("name")
@@ -70,6 +77,13 @@ def myst_nb_notebook(app, path: Path):
             nb.metadata["kernelspec"]["name"] = alias
             break
     return nb
+
+
+def preview_notebook(app, path: Path):
+    """The chapter as myst-nb executes it as a preview: with PREVIEW_CELL after its title
+    (add_box puts it there; the banner beside it is markdown, which no cache key holds)."""
+    return myst_nb_notebook(
+        app, path, insert_after_title(path.read_text(encoding="utf8"), PREVIEW_CELL))
 
 
 def package_digest() -> str:
@@ -150,7 +164,7 @@ def uncache(app, cache, status: recordings.Status, path: Path) -> None:
     that myst-nb executes it (a CPU preview, which it caches for the next builds). Dropped:
     a seed from a recording, and an execution older than a module the chapter imports."""
     try:
-        record = cache.match_cache_notebook(myst_nb_notebook(app, path))
+        record = cache.match_cache_notebook(preview_notebook(app, path))
     except KeyError:
         return
     newest = max(((PACKAGE_DIR / m).stat().st_mtime for m in status.modules),
@@ -246,30 +260,49 @@ def box(status: recordings.Status, page_dir: Path) -> str:
     else:
         kind = "note"
         device = f"{meta.get('gpu')}, driver {meta.get('driver')}, CUDA {meta.get('cuda')}"
+    triton = meta.get("triton") or ("not recorded" if "triton" not in meta else "none")
     return (f"```{{admonition}} {title}\n:class: {kind}\n\n"
             f"- **GPU:** {device}\n"
-            f"- **Software:** torch {meta.get('torch')}, transformers "
+            f"- **Host:** {host_text(meta)}\n"
+            f"- **Software:** torch {meta.get('torch')}, Triton {triton}, transformers "
             f"{meta.get('transformers')}, Python {meta.get('python')}\n"
             f"- **Recorded:** {meta.get('date')}, the chapter ran in "
             f"{meta.get('seconds')} s\n"
             f"- **Download:** {', '.join(downloads)}\n```\n")
 
 
-def insert_after_title(text: str, block: str) -> str:
-    """Insert a markdown block after the first `# ` heading (after the front matter)."""
-    lines = text.splitlines(keepends=True)
-    start, fence = 0, None
+def _front_matter_end(lines: list[str]) -> int:
+    """The index of the first line after the front matter (0 without one)."""
     if lines and lines[0].startswith("---"):
-        start = next((i + 1 for i in range(1, len(lines)) if lines[i].startswith("---")), 0)
-    at = start
-    for i in range(start, len(lines)):
-        stripped = lines[i].lstrip()
-        marker = stripped[:3]
+        return next((i + 1 for i in range(1, len(lines)) if lines[i].startswith("---")), 0)
+    return 0
+
+
+def _title_line(lines: list[str]) -> int | None:
+    """The index of the first `# ` heading after the front matter, outside code fences."""
+    fence = None
+    for i in range(_front_matter_end(lines), len(lines)):
+        marker = lines[i].lstrip()[:3]
         if marker in ("```", "~~~"):
             fence = None if fence == marker else fence or marker
         elif fence is None and re.match(r"#\s", lines[i]):
-            at = i + 1
-            break
+            return i
+    return None
+
+
+def chapter_title(path: Path) -> str:
+    """A page's title, its first `# ` heading as written (e.g. '4. Decode at scale: ...');
+    the file's stem where it has none."""
+    lines = path.read_text(encoding="utf8").splitlines()
+    at = _title_line(lines)
+    return lines[at][1:].strip() if at is not None else path.stem
+
+
+def insert_after_title(text: str, block: str) -> str:
+    """Insert a markdown block after the first `# ` heading (after the front matter)."""
+    lines = text.splitlines(keepends=True)
+    at = _title_line(lines)
+    at = _front_matter_end(lines) if at is None else at + 1
     return "".join(lines[:at]) + "\n" + block + "\n" + "".join(lines[at:])
 
 
@@ -292,53 +325,12 @@ def add_box(app, docname: str, source: list[str]) -> None:
         return
     note_dependencies(app.env, status, Path(app.env.doc2path(docname)))
     page_dir = Path(app.env.doc2path(docname)).parent
-    source[0] = insert_after_title(source[0], box(status, page_dir))
-
-
-STATE_TEXT = {"fresh": "up to date", "stale": "stale (from an older version)",
-              "missing": "not recorded yet", "cpu": "CPU smoke run, not a GPU",
-              "corrupt": "unreadable", "unfinished": "cut short while being written",
-              "linked": "read through a link, not trusted"}
-
-
-class RecordedRuntimes(SphinxDirective):
-    """Per chapter: the state of its recording, the GPU, the date, the run time and the
-    peak GPU memory in use while it ran."""
-
-    def run(self):
-        root = Path(self.env.srcdir)
-        header = ["chapter", "recording", "GPU", "recorded", "run time (s)",
-                  "peak GPU memory (GiB)"]
-        rows, total, timed = [], 0.0, 0
-        found = getattr(self.env.app, "gpuinfer_status", {})  # from the start of the build
-        self.env.note_dependency(str(root / "_toc.yml"))  # a chapter leaving it: its row
-        for chapter, path in book.chapters(root).items():
-            self.env.note_dependency(str(book.recording_path(path)))
-            docname = self.env.path2doc(str(path))
-            link = addnodes.pending_xref("", nodes.inline(text=chapter), refdomain="std",
-                                         reftype="doc", reftarget="/" + docname,
-                                         refexplicit=False, refdoc=self.env.docname)
-            status = found.get(docname) or recordings.status(root, chapter)
-            meta = status.provenance
-            # (a smoke recording is "fresh" only in test builds that accept it: say so)
-            shown = "cpu" if status.state == "fresh" and meta.get("smoke") else status.state
-            ran = meta if shown in ("fresh", "stale") else {}  # a GPU run's figures only
-            seconds, memory = ran.get("seconds"), ran.get("peak_gpu_memory_gib")
-            if isinstance(seconds, (int, float)):
-                total, timed = total + seconds, timed + 1
-            rows.append([link, STATE_TEXT[shown], meta.get("gpu") or "–",
-                         meta.get("date") or "–",
-                         f"{seconds:.0f}" if isinstance(seconds, (int, float)) else "–",
-                         f"{memory:.1f}" if isinstance(memory, (int, float)) else "–"])
-        if timed:
-            rows.append([nodes.strong(text="all chapters"), "", "", "",
-                         nodes.strong(text=f"{total:.0f}"), ""])
-        return [table(header, rows, classes=("recorded-runtimes",))]
+    block = box(status, page_dir) + ("" if status.fresh else "\n" + PREVIEW_CELL)
+    source[0] = insert_after_title(source[0], block)
 
 
 def setup(app):
     app.add_config_value("gpuinfer_accept_cpu_recordings", False, "env")  # tests only
-    app.add_directive("recorded-runtimes", RecordedRuntimes)
     app.connect("builder-inited", seed_cache, priority=600)  # after myst-nb's (500)
     app.connect("source-read", add_box)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

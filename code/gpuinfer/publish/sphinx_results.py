@@ -3,20 +3,25 @@
 The directive `{decode-results}` renders one table of every decode variant the chapters
 measure (with `:fastest:`, only the fastest of each chapter, for the intro), read at build
 time from the values each chapter's page glued under `gpuinfer.report.results.GLUE_NAME`
-(its recording, and its presentation cells run from it): no number on that page is typed. A chapter whose
-recording is not fresh (missing, stale, a CPU run) is left out, so that the table never
-shows a number the chapter does not.
+(its recording, and its presentation cells run from it): no number on that page is typed.
+A chapter whose recording is not fresh (missing, stale, a CPU run) is left out, so that the
+table never shows a number the chapter does not.
 
 Every row is decode only (ms per generated token, the prefill in its own column where the
-chapter timed it). The fraction of the floor is shown twice: against the copy rate the
-chapter measured (the book's MBU) and against the datasheet bandwidth of the GPU the
-recording ran on (what published MBU figures usually divide by). The fastest row of a
+chapter timed it); a median is followed by its spread over the chapter's rounds, as the
+chapter's own table shows it: the fastest and slowest round, for a speed-up the lowest and
+highest per round. Each chapter's rows are headed by its page's title ('4. Decode at
+scale: ...' reads 'Chapter 4: Decode at scale: ...'). The fraction of the floor is shown
+twice: against the copy rate the chapter measured (the book's MBU) and against the
+datasheet bandwidth of the GPU the recording ran on (what published MBU figures usually
+divide by). The fastest row of a
 chapter, for the intro, is the fastest of the book's own loops, never a stock baseline.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from docutils import nodes
@@ -28,7 +33,7 @@ from sphinx.util.docutils import SphinxDirective
 from gpuinfer.measure.roofline import lookup_spec
 from gpuinfer.publish import book, recordings
 from gpuinfer.publish.compare import glued_in
-from gpuinfer.publish.sphinx_recordings import note_dependencies
+from gpuinfer.publish.sphinx_recordings import chapter_title, note_dependencies
 from gpuinfer.publish.sphinx_site import table
 from gpuinfer.report import results
 
@@ -44,22 +49,27 @@ def chapter_results(page) -> list[results.Result]:
     return results.loads(ast.literal_eval(text)) if text else []  # glued as a str's repr
 
 
-def _times(x: float | None) -> str:
-    return "–" if x is None else f"{x:.3g}×"
-
-
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.0f} %"
 
 
+def heading(title: str) -> str:
+    """A chapter's heading from its page's title: 'Chapter 4: Decode at scale' for '4.
+    Decode at scale'; a title without a number as it is."""
+    numbered = re.fullmatch(r"(\d+)\.\s+(.+)", title.strip())
+    return f"Chapter {numbered[1]}: {numbered[2]}" if numbered else title.strip()
+
+
 def cells(r: results.Result, datasheet_bandwidth: float | None) -> list[str]:
-    """A row's cells after its variant's name; "–" where a figure does not apply."""
-    return [f"{r.ms_per_token:.3g}", f"{r.tokens_per_s:,.0f}",
+    """A row's cells after its variant's name, medians with their spread over the rounds;
+    "–" where a figure does not apply."""
+    return [results.with_spread(r.ms_per_token, r.ms_range), f"{r.tokens_per_s:,.0f}",
             "–" if r.prefill_ms is None else f"{r.prefill_ms:.3g}",
             "–" if r.gb_per_s is None else f"{r.gb_per_s:,.0f}",
             _pct(r.floor_fraction),
             _pct(r.datasheet_fraction(datasheet_bandwidth) if datasheet_bandwidth else None),
-            _times(r.x_v0), _times(r.x_generate_static)]
+            results.with_spread(r.x_v0, r.x_v0_range, "×"),
+            results.with_spread(r.x_generate_static, r.x_generate_static_range, "×")]
 
 
 def fastest(rows: list[results.Result]) -> list[results.Result]:
@@ -102,8 +112,11 @@ class DecodeResults(SphinxDirective):
             spec = lookup_spec(meta.get("gpu"))
             datasheet = spec.hbm_tbs * 1e12 if spec else None
             title = nodes.paragraph()
-            title += nodes.strong(text=f"{chapter}: {rows[0].model}")
-            title += nodes.Text(f", {recordings.recorded_on(meta)}")
+            title += nodes.strong("", "", addnodes.pending_xref(
+                "", nodes.inline(text=heading(chapter_title(path))), refdomain="std",
+                reftype="doc", reftarget="/" + docname, refexplicit=True,
+                refdoc=self.env.docname))
+            title += nodes.Text(f": {rows[0].model}, {recordings.recorded_on(meta)}")
             body = []
             for r in rows:
                 kind, target = ("ref", r.section) if r.section else ("doc", "/" + docname)

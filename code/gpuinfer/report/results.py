@@ -101,6 +101,13 @@ def _ranged(value: float | None, spread: tuple[float, float] | None, unit: str =
         f"{value:.3g}{unit}"
 
 
+def with_spread(value: float | None, spread: tuple[float, float] | None,
+                unit: str = "") -> str:
+    """A figure and, in brackets, its spread over the rounds ('1.62 (1.52–1.71)'): what a
+    chapter's table and the results page show of a median; "–" where there is none."""
+    return _ranged(value, spread, unit)
+
+
 def markdown(rows: list[Result]) -> str:
     """The rows as a chapter's end-to-end table: medians over the rounds, and in brackets
     the fastest and slowest round (for the speed-ups, the lowest and highest per round)."""

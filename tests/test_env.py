@@ -1,0 +1,90 @@
+"""gpuinfer.env: what every recording says about the machine that made it (the GPU and the
+host CPU: model, logical CPUs, clock; Triton's version), and the box a chapter opens with."""
+
+import os
+import platform
+
+import pytest
+
+from gpuinfer import env
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+cpu MHz\t\t: 2000.123
+
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+cpu MHz\t\t: 3800.000
+"""
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """A host whose /proc/cpuinfo and cpufreq files are files of the test."""
+    (tmp_path / "cpuinfo").write_text(CPUINFO)
+    monkeypatch.setattr(env, "CPUINFO", str(tmp_path / "cpuinfo"))
+    sources = ((str(tmp_path / "scaling_max_freq"), "maximum (cpufreq scaling_max_freq)"),
+               (str(tmp_path / "cpuinfo_max_freq"), "maximum (cpufreq cpuinfo_max_freq)"))
+    monkeypatch.setattr(env, "CLOCK_SOURCES", sources)
+    return tmp_path
+
+
+def test_provenance_names_the_host_and_triton():
+    info = env.provenance()
+    assert info["cpu_model"] and isinstance(info["cpu_model"], str)
+    assert info["cpu_count"] == len(os.sched_getaffinity(0))  # this process's CPUs
+    clock, source = info["cpu_clock_ghz"], info["cpu_clock_source"]
+    assert (clock is None) == (source is None)
+    assert clock is None or 0.1 < clock < 10  # GHz, whatever file it came from
+    assert "triton" in info  # None where it is not installed
+    assert info["cpu"] == (platform.processor() or platform.machine())  # as before
+
+
+def test_the_cpu_model_and_the_clock_from_the_files(host):
+    assert env.cpu_model() == "Intel(R) Xeon(R) Platinum 8480+"
+    # no cpufreq: the clock of the moment, from /proc/cpuinfo (its first CPU), said so
+    assert env.cpu_clock() == (2.0, "current (/proc/cpuinfo cpu MHz)")
+    (host / "cpuinfo_max_freq").write_text("3800000\n")  # kHz
+    assert env.cpu_clock() == (3.8, "maximum (cpufreq cpuinfo_max_freq)")
+    (host / "scaling_max_freq").write_text("3500000\n")  # the driver's limit comes first
+    assert env.cpu_clock() == (3.5, "maximum (cpufreq scaling_max_freq)")
+
+
+def test_no_readable_clock_or_model_is_said_not_guessed(host, monkeypatch):
+    (host / "scaling_max_freq").write_text("not a number\n")
+    (host / "cpuinfo").write_text("processor\t: 0\nHardware\t: some board\n")
+    assert env.cpu_clock() == (None, None)
+    assert env.cpu_model() == (platform.processor() or platform.machine() or "unknown")
+    monkeypatch.setattr(env, "CPUINFO", str(host / "absent"))
+    assert env.cpu_clock() == (None, None) and env.cpu_model()
+
+
+def test_host_text_of_a_recording_and_of_one_made_before_it_was_recorded():
+    info = {"cpu_model": "AMD EPYC 9654", "cpu_count": 16, "cpu_clock_ghz": 3.7,
+            "cpu_clock_source": "maximum (cpufreq scaling_max_freq)"}
+    assert env.host_text(info) == ("AMD EPYC 9654, 16 logical CPUs, 3.7 GHz maximum "
+                                   "(cpufreq scaling_max_freq)")
+    assert env.host_text({**info, "cpu_clock_ghz": None, "cpu_clock_source": None}) == \
+        "AMD EPYC 9654, 16 logical CPUs, clock not readable"
+    assert env.host_text({"cpu": "x86_64", "gpu": "NVIDIA H200"}) == "not recorded"
+
+
+def test_announce_shows_the_host_triton_and_the_memory_cap(monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    monkeypatch.setattr(env, "cap_gpu_memory", lambda: 21.0)  # what a GPU run returns
+    info = env.announce()
+    table = shown[-1].data
+    rows = dict(line.strip("|").split("|", 1) for line in table.splitlines()[2:])
+    rows = {k.strip(): v.strip() for k, v in rows.items()}
+    assert rows["Host CPU"] == env.host_text(info)
+    assert rows["GPU memory cap"].startswith("21 GiB") and \
+        f"{env.GPU_BUDGET_GIB:g} GiB budget" in rows["GPU memory cap"]
+    assert rows["torch / Triton / transformers"].split(" / ")[1] == (info["triton"] or "-")
+    assert info["gpu_memory_cap_gib"] == 21.0
+    monkeypatch.setattr(env, "cap_gpu_memory", lambda: None)  # no CUDA device
+    env.announce()
+    assert "| GPU memory cap | none (no CUDA device) |" in shown[-1].data
