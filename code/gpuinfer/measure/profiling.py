@@ -204,54 +204,70 @@ def profiled_kernel_ms(fn: Callable, *, repeats: int = 20, warmup: int = 3) -> l
     return [ms for _, ms in profiled_kernels(fn, repeats=repeats, warmup=warmup)]
 
 
-CALL = "timed call"  # the range around each call `call_anatomy` profiles
-
-
 @dataclass(frozen=True)
 class CallAnatomy:
     """Where the time of an eager call goes, timed as `timing.benchmark` times calls (an
     event recorded before and after each, the calls back to back, no sync between them),
-    read from a profiler trace: medians over the calls, in µs. The profiler slows the host,
-    so its parts are longer than they are without it; the GPU's are not."""
+    read from a trace of the GPU's activity and the CUDA API calls (CUPTI only, no CPU
+    profiling, so the host is barely slowed): medians over the calls, in µs."""
 
     calls: int
+    event_us: float  # the call as its two events time it, in the traced run
     kernel_us: float  # the call's kernels, first start to last end
     gap_us: float  # the previous call's last kernel end to this call's first kernel start
-    queued_us: float  # the launch call's start to its kernel's start: the host ran ahead
-    host_us: float  # host time per call (one call's range start to the next's)
+    queued_us: float  # the launch call's start to its kernel's start: > 0, the host ahead
+    host_us: float  # host time per call: one call's first event record to the next one's
 
 
 def call_anatomy(fn: Callable[[], object], *, calls: int = 30,
                  warmup: int = 3) -> CallAnatomy | None:
-    """The anatomy of `calls` eager calls of fn (`CallAnatomy`); None without CUDA."""
+    """The anatomy of `calls` eager calls of fn (`CallAnatomy`); None without CUDA. fn
+    must record no CUDA event of its own: the calls are found by theirs."""
     if not torch.cuda.is_available():
         return None
     for _ in range(warmup):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-    with session() as recorded:
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    sync()
+    with _native_stderr_muted():
+        prof.__enter__()
+    try:
+        torch.empty(1, device="cuda").fill_(1.0)  # CUPTI's buffer request lands here
+        sync()
         for i in range(calls):
-            with torch.profiler.record_function(CALL):
-                starts[i].record()
-                fn()
-                ends[i].record()
-    trace = recorded.trace
+            starts[i].record()
+            fn()
+            ends[i].record()
+        sync()
+    finally:
+        with _native_stderr_muted():
+            prof.__exit__(None, None, None)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(raw)
+        trace = load_trace(raw)
+    api = sorted(events(trace, API_CATS), key=lambda e: e.ts)
     kernels = {e.correlation: e for e in events(trace, "kernel")}
-    launches = [e for e in events(trace, API_CATS)
-                if is_launch(e.name) and e.correlation in kernels]
-    per_call = []  # (range, its launches), in call order
-    for r in sorted((e for e in events(trace, "user_annotation") if e.name == CALL),
-                    key=lambda e: e.ts):
-        mine = sorted((e for e in launches if r.ts <= e.ts <= r.end), key=lambda e: e.ts)
-        if mine:
-            per_call.append((r, mine))
+    records = [e for e in api if e.name.startswith("cudaEventRecord")]
+    if len(records) != 2 * calls:
+        raise RuntimeError(f"the trace holds {len(records)} event records for {calls} "
+                           "calls: fn must record no CUDA event of its own")
+    per_call = []  # (first event record, the call's kernels in launch order)
+    for start, end in zip(records[::2], records[1::2]):
+        launched = [e for e in api if start.ts < e.ts < end.ts and is_launch(e.name)
+                    and e.correlation in kernels]
+        if not launched:
+            raise RuntimeError("the profiler recorded no kernel launched by a call")
+        per_call.append((start, launched))
+    elapsed = [1e3 * s.elapsed_time(e) for s, e in zip(starts, ends)]
     parts = []
-    for (r0, before), (r1, mine) in zip(per_call, per_call[1:]):
-        first, last = kernels[mine[0].correlation], kernels[mine[-1].correlation]
-        parts.append((last.end - first.ts, first.ts - kernels[before[-1].correlation].end,
-                      first.ts - mine[0].ts, r1.ts - r0.ts))
-    if not parts:
-        raise RuntimeError("the profiler recorded no kernel launched by the calls")
-    med = [float(np.median([p[i] for p in parts])) for i in range(4)]
+    for i in range(1, calls):
+        (before, previous), (start, launched) = per_call[i - 1], per_call[i]
+        first, last = kernels[launched[0].correlation], kernels[launched[-1].correlation]
+        parts.append((elapsed[i], last.end - first.ts,
+                      first.ts - kernels[previous[-1].correlation].end,
+                      first.ts - launched[0].ts, start.ts - before.ts))
+    med = [float(np.median([p[j] for p in parts])) for j in range(5)]
     return CallAnatomy(len(parts), *med)
