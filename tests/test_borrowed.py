@@ -46,3 +46,19 @@ def test_no_recording_gets_no_figure(tmp_path, book):
     borrowed = stock_from("04_decode_at_scale", **WORKLOAD, start=book)
     assert borrowed.stock is None
     assert "record 04_decode_at_scale first" in borrowed.source
+
+
+def test_a_recording_keeps_the_file_gzipped_and_it_reads_the_same(book):
+    """The record command gzips a chapter's files (book/_recorded/<chapter>/*.json.gz)."""
+    import gzip
+
+    folder = book / "book" / "_recorded" / "02_decode"
+    plain = folder / "stock-small-float32.json"
+    (folder / (plain.name + ".gz")).write_bytes(gzip.compress(plain.read_bytes()))
+    expected = stock_from("02_decode", **WORKLOAD, start=book).stock
+    plain.unlink()
+    borrowed = stock_from("02_decode", **WORKLOAD, start=book)
+    assert borrowed.stock == expected
+    (folder / (plain.name + ".gz")).write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match="stock-small-float32.json.gz is not a saved"):
+        stock_from("02_decode", **WORKLOAD, start=book)

@@ -14,6 +14,8 @@ baseline and says why, rather than a figure from another machine.
 
 from __future__ import annotations
 
+import gzip
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +42,20 @@ def recordings_folder(start: Path | None = None) -> Path | None:
     return None
 
 
+def _load(path: Path) -> StockBaselines:
+    """`StockBaselines.load` of `path`, gzipped or not; ValueError naming `path`."""
+    if path.suffix != ".gz":
+        return StockBaselines.load(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = Path(tmp) / path.stem
+        try:
+            plain.write_bytes(gzip.decompress(path.read_bytes()))
+            return StockBaselines.load(plain)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path} is not a saved stock measurement ({exc}): record "
+                             f"the chapter that measures it again") from None
+
+
 def stock_from(chapter: str, *, config: str, dtype: str, prompt_len: int, new_tokens: int,
                gpu: str | None, start: Path | None = None) -> Borrowed:
     """The stock baselines that `chapter` measured on this workload (`gpu`: this run's
@@ -48,11 +64,13 @@ def stock_from(chapter: str, *, config: str, dtype: str, prompt_len: int, new_to
               "new_tokens": new_tokens, "gpu": gpu}
     name = f"stock-{config}-{dtype}.json"
     folder = recordings_folder(start)
-    path = folder / chapter / name if folder else None
-    if path is None or not path.is_file():
+    # the record command keeps a chapter's files gzipped (as it does its traces)
+    found = [folder / chapter / n for n in (name, name + ".gz")
+             if folder and (folder / chapter / n).is_file()]
+    if not found:
         return Borrowed(None, f"no recording of {chapter} holds {name}: record {chapter} "
                               f"first, on this GPU")
-    stock = StockBaselines.load(path)
+    stock = _load(found[0])
     if stock.workload() != wanted:
         differ = ", ".join(f"{k} {stock.workload()[k]!r} there, {v!r} here"
                            for k, v in wanted.items() if stock.workload()[k] != v)
