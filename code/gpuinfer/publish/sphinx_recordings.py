@@ -111,10 +111,14 @@ def page_notebook(app, status: recordings.Status, path: Path):
 
 def seed_digest(status: recordings.Status, path: Path, digest_of_package: str) -> str:
     """What a seeded page was made from: the recording, its files, the chapter as written
-    (its presentation cells) and the package's code."""
+    (its presentation cells), the package's code, and the stock measurements that other
+    chapters' recordings saved (a page may show them: gpuinfer.report.borrowed)."""
     digest = hashlib.sha256(status.recording.read_bytes())
     for name, sha in sorted((status.provenance.get("artifacts") or {}).items()):
         digest.update(f"{name}:{sha}".encode())
+    for shared in sorted(status.recording.parent.glob("*/stock-*.json*")):
+        digest.update(shared.relative_to(status.recording.parent).as_posix().encode())
+        digest.update(shared.read_bytes())
     digest.update(path.read_bytes())
     digest.update(digest_of_package.encode())
     return digest.hexdigest()
