@@ -44,14 +44,16 @@ def test_the_box_of_an_older_recording_says_not_recorded(tmp_path):
 
 
 def test_the_host_row_of_a_recording_and_of_an_older_one():
-    assert host_row(NEW) == ["NVIDIA H200", "Intel(R) Xeon(R) Platinum 8480+", "16",
-                             "3.8 GHz (maximum)", "580.159.04", "13.0", "2.11.0+cu130",
-                             "3.6.0", "3.12.3", "2026-12-04 07:12 UTC"]
+    assert host_row(NEW) == [
+        "NVIDIA H200", "Intel(R) Xeon(R) Platinum 8480+, 16 logical CPUs, 3.8 GHz (maximum)",
+        "driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130, Triton 3.6.0, Python 3.12.3",
+        "2026-12-04 07:12 UTC"]
     row = host_row(OLD)
-    assert row[1:4] == ["not recorded"] * 3 and row[7] == "not recorded"
+    assert row[1] == "not recorded, not recorded logical CPUs, not recorded"
+    assert "Triton not recorded" in row[2]
     assert row[0] == "NVIDIA H200" and row[-1] == OLD["date"]
     smoke = host_row({**NEW, "gpu": None, "driver": None, "cuda": None, "smoke": True})
-    assert smoke[0] == "none (CPU smoke run)" and smoke[4:6] == ["–", "–"]
+    assert smoke[0] == "none (CPU smoke run)" and "driver –, CUDA –," in smoke[2]
     assert clock_text({**NEW, "cpu_clock_ghz": None}) == "–"  # recorded: unreadable
     assert clock_text({**NEW, "cpu_clock_ghz": 2.6,
                        "cpu_clock_source": "current (/proc/cpuinfo cpu MHz)"}) == \

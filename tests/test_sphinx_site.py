@@ -66,7 +66,7 @@ def test_page_head_has_no_duplicate_script_and_a_valid_colour_mode(built_book):
 
 def test_download_menu_gets_the_recording_files():
     """The recording and artifact links of a page go into the theme's download menu, after
-    the page's source and before "print to PDF"."""
+    the page's source and before "print to PDF"; the whole book's PDF last."""
     app = SimpleNamespace(env=SimpleNamespace(dlfiles={
         "book/_recorded/01_roofline.ipynb": ({"book/01_roofline"}, "abc/01_roofline.ipynb"),
         "book/_recorded/01_roofline/trace.json.gz": ({"book/01_roofline"}, "def/trace.json.gz"),
@@ -77,8 +77,9 @@ def test_download_menu_gets_the_recording_files():
     context = {"header_buttons": [group], "pathto": lambda uri, resource: "../" + uri}
     add_download_buttons(app, "book/01_roofline", "page.html", context, None)
     assert [b["text"] for b in group["buttons"]] == [
-        ".md", ".ipynb (recorded)", "trace.json.gz", ".pdf"]
+        ".md", ".ipynb (recorded)", "trace.json.gz", ".pdf", "book.pdf (whole book)"]
     assert group["buttons"][1]["url"] == "../_downloads/abc/01_roofline.ipynb"
+    assert group["buttons"][-1]["url"] == "../book.pdf"  # printed from the built site
 
 
 @pytest.mark.slow

@@ -69,11 +69,16 @@ def clock_text(meta: dict) -> str:
 
 
 def host_row(meta: dict) -> list[str]:
-    """A recording's host, as the cells of `{recorded-hosts}` after the chapter's."""
+    """A recording's host, as the cells of `{recorded-hosts}` after the chapter's: the
+    GPU; the CPU (model, logical CPUs, clock); the software; the date. Four cells, so that
+    the table fits the text column."""
     gpu = "none (CPU smoke run)" if meta.get("smoke") else _field(meta, "gpu")
-    return [gpu, _field(meta, "cpu_model"), _field(meta, "cpu_count"), clock_text(meta),
-            _field(meta, "driver"), _field(meta, "cuda"), _field(meta, "torch"),
-            _field(meta, "triton"), _field(meta, "python"), _field(meta, "date")]
+    cpu = (f"{_field(meta, 'cpu_model')}, {_field(meta, 'cpu_count')} logical CPUs, "
+           f"{clock_text(meta)}")
+    software = ", ".join(f"{name} {_field(meta, key)}" for name, key in (
+        ("driver", "driver"), ("CUDA", "cuda"), ("torch", "torch"), ("Triton", "triton"),
+        ("Python", "python")))
+    return [gpu, cpu, software, _field(meta, "date")]
 
 
 def memory_row(meta: dict) -> list[str]:
@@ -135,8 +140,7 @@ class RecordedHosts(_ChapterTable):
     """Per chapter: the machine its recording ran on, GPU and host."""
 
     def run(self):
-        header = ["chapter", "GPU", "CPU model", "logical CPUs", "CPU clock", "driver",
-                  "CUDA", "torch", "Triton", "Python", "recorded"]
+        header = ["chapter", "GPU", "host CPU", "software", "recorded"]
         rows = []
         for link, shown, meta in self.chapters():
             if shown in ("fresh", "stale", "cpu"):
