@@ -62,3 +62,16 @@ def test_a_recording_keeps_the_file_gzipped_and_it_reads_the_same(book):
     (folder / (plain.name + ".gz")).write_bytes(b"not gzip")
     with pytest.raises(ValueError, match="stock-small-float32.json.gz is not a saved"):
         stock_from("02_decode", **WORKLOAD, start=book)
+
+
+def test_the_same_glue_names_with_a_baseline_and_without(book):
+    import math
+
+    found = stock_from("02_decode", **WORKLOAD, start=book)
+    none = stock_from("02_decode", **{**WORKLOAD, "gpu": None}, start=book)
+    assert list(found.glue_values()) == list(none.glue_values()) == [
+        f"stock_static_fresh_{p}" for p in ("ms", "low", "high", "prefill_ms",
+                                             "first_call_s")]
+    assert found.glue_values() == found.stock.glue_values()  # its one variant: static
+    assert found.glue_values()["stock_static_fresh_ms"] == 1.6
+    assert all(math.isnan(v) for v in none.glue_values().values())

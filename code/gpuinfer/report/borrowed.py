@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuinfer.measure.stock import StockBaselines
+from gpuinfer.measure.stock import StockBaselines, StockRun
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,13 @@ class Borrowed:
 
     stock: StockBaselines | None
     source: str
+
+    def glue_values(self, variant: str = "static") -> dict[str, float]:
+        """`StockBaselines.glue_values` of `variant` alone (`stock_<variant>_fresh_ms`, …),
+        NaN for each where there is no baseline: a page glues the same names either way."""
+        stock = self.stock or StockBaselines({variant: StockRun(variant)}, "", 0, 0, 0)
+        prefix = f"stock_{variant}_fresh_"
+        return {k: v for k, v in stock.glue_values().items() if k.startswith(prefix)}
 
 
 def recordings_folder(start: Path | None = None) -> Path | None:
