@@ -206,7 +206,8 @@ def test_qkv_rope_writes_q_and_cache_slot(heads, kv, d, k, capacity, config, dty
 # Decode attention
 # --------------------------------------------------------------------------------------
 
-ATTENTION = [(4, 2, 16, 100, 4, 16), (32, 8, 64, 130, 2, 32), (8, 8, 32, 64, 1, 64)]
+ATTENTION = [(4, 2, 16, 100, 4, 16), (32, 8, 64, 130, 2, 32), (8, 8, 32, 64, 1, 64),
+             (32, 8, 64, 201, 1, 256)]  # the last: a small cache, one program a head
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -237,6 +237,8 @@ def test_the_step_is_tiled_by_its_weights_and_its_cache():
         default_configs(True, "fp8")
     short, long = default_attention(True, 320), default_attention(True, 32 * 1024)
     assert short["n_split"] < long["n_split"]
+    small = default_attention(True, 256)  # one program a head, every slot in one tile
+    assert small["n_split"] == 1 and small["block_s"] >= 256
     assert default_configs(False) == alone_configs(False)  # the interpreter's
 
 

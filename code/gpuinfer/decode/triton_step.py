@@ -6,8 +6,9 @@ several:
 
 1. `qkv_rope`: RMSNorm, the stacked q/k/v GEMV, rotary embedding; the query goes to
    `q`, the new key and value into slot pos of the cache;
-2. `decode_attention`: split-KV attention of grouped-query heads, partials combined
-   by the last program of each head;
+2. `decode_attention`: attention of grouped-query heads, one program per key/value
+   head for a small cache, split over the keys for a longer one (partials combined by
+   the last program of each head);
 3. `gemv`: the o-projection with the residual add (x += W_o o, in place);
 4. `gemv_silu`: RMSNorm, the stacked gate/up GEMV, SiLU(gate) * up;
 5. `gemv`: the down-projection with the residual add.

@@ -167,13 +167,16 @@ def compile_step(configs: dict, *, pdl: bool | None = None, inline: bool = True,
 
 def main() -> int:
     from gpuinfer.kernels.common import INTERPRETED
-    from gpuinfer.kernels.tiling import default_attention, default_configs
+    from gpuinfer.kernels.tiling import (ONE_PROGRAM_CONTEXT, SHORT_CONTEXT,
+                                         default_attention, default_configs)
 
     if INTERPRETED:
         print("unset TRITON_INTERPRET: interpreted kernels do not compile")
         return 2
-    # attention's two tilings: a short cache's split and a long one's
-    attns = (default_attention(gpu=True), default_attention(gpu=True, capacity=1 << 15))
+    # attention's three tilings: a small cache's one program a head, a short cache's
+    # split and a long one's
+    attns = tuple(default_attention(gpu=True, capacity=c)
+                  for c in (ONE_PROGRAM_CONTEXT, SHORT_CONTEXT, 1 << 15))
     spilled = 0
     for capability in TARGETS:
         for weights in ("bf16", "int8"):

@@ -15,7 +15,11 @@ values); the partials of a head are then combined:
 
 - inline (default): the last program of head h to finish combines its head's
   partials (`arrive`): no second kernel;
-- or by `attention_combine_kernel`, one program per head, launched after.
+- or by `attention_combine_kernel`, one program per head, launched after;
+- or not at all: with `n_split` 1 a head's one program has every slot and writes its
+  output itself, no partial, atomic or second read on the way to the o-projection
+  (`tiling.default_attention` picks it for a cache of a few hundred slots, in one tile
+  of `block_s` >= the capacity, all of it loaded before the PDL wait).
 
 Under PDL a program loads its chunk's first tile of keys and values *before* waiting for
 the q/k/v kernel: the slots before pos were written by earlier steps, and only slot pos,
@@ -157,9 +161,14 @@ def attention_partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, o_ptr, cnt_
         at = base + slots[:, None] * HEAD_DIM + d[None, :]
         k = tl.load(k_ptr + at, mask=(slots < end)[:, None], other=0.0)
         v = tl.load(v_ptr + at, mask=(slots < end)[:, None], other=0.0)
+    if N_SPLIT == 1:  # one program per head saw every slot: nothing to combine
+        o = acc / l[:, None]  # what combine_head makes of a single partial
+        out = o_ptr + (h * GROUP + g)[:, None] * HEAD_DIM + d[None, :]
+        do = o_ptr.dtype.element_ty
+        tl.store(out, round_to(o, do).to(do), mask=(g < GROUP)[:, None])
     # A split past the context writes nothing and is not waited for: at a short context
     # a wide split costs only programs that exit, not a longer combine.
-    if s * chunk < n:
+    elif s * chunk < n:
         active = tl.cdiv(n, chunk)
         ROW: tl.constexpr = HEAD_DIM + 2
         row = part_ptr + ((h * N_SPLIT + s) * GROUP + g) * ROW
@@ -222,7 +231,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         BLOCK_S=block_s, UPCAST=INTERPRETED or q.dtype == torch.float32,
         INLINE_COMBINE=inline_combine, PDL=pdl,
         **launch_options(num_warps, num_stages, pdl))
-    if not inline_combine:
+    if not inline_combine and n_split > 1:  # one split writes o itself
         attention_combine_kernel[(n_kv,)](
             ws.partials, out, pos, capacity, GROUP=group, HEAD_DIM=head_dim,
             N_SPLIT=n_split, BLOCK_S=block_s, PDL=pdl,
