@@ -1,8 +1,8 @@
-"""Probe (issue 46): the graphed 1B Triton step with kernels that let the next one launch
-in turn (after their own PDL wait, today) or ahead (at their start), and tilings under
-the second. All variants timed in the same interleaved rounds, 20 replays a call from
-the prompt's end; tokens of the same tiling compared. Usage on the GPU:
-PYTHONPATH=code python scripts/probes/pdl_ahead.py [ROUNDS]"""
+"""Probe (issue 46): variants of the graphed 1B Triton step (tilings, attention,
+streamed GEMVs), all timed in the same interleaved rounds, 20 replays a call from the
+prompt's end; each variant's 64 greedy tokens against its weights' default step, and
+traces of the default and the fastest. Usage on the GPU:
+OUT=dir PYTHONPATH=code python scripts/probes/step_variants.py [ROUNDS]"""
 
 import sys
 import time
@@ -29,37 +29,30 @@ config = model_config("1b")
 model = build_model(config, seed=0, device="cuda").to(torch.bfloat16)
 prompt = random_prompt(config, PROMPT, seed=1, device="cuda")
 cap = capacity_for(PROMPT, NEW)
-ONE = {"n_split": 1, "block_s": 256, "num_warps": 8}  # a program per head, no combine
-def one(weights="bf16", **configs):
-    kw = dict(attention=ONE, configs=configs)
-    return kw if weights == "bf16" else dict(kw, weights=INT8)
+def S(block_n, warps, per_sm):  # a streamed GEMV (kernels.stream)
+    return C(block_n, 2048, 1, warps, per_sm=per_sm)
 
 
+def v(weights="bf16", **configs):
+    return dict(configs=configs) if weights == "bf16" else dict(configs=configs,
+                                                                 weights=INT8)
+
+
+A16 = {"n_split": 1, "block_s": 256, "num_warps": 16}
+GU, O = S(2, 4, 4), S(4, 4, 5)
 variants = {
-    "bf16 att one": one(),
-    "bf16 att one, qkv 2x2048": one(qkv=C(2, 2048, 1, 4)),
-    "bf16 att one, qkv 4x1024 8w": one(qkv=C(4, 1024, 1, 8)),
-    "bf16 att one, qkv 2x1024": one(qkv=C(2, 1024, 1, 4)),
-    "bf16 att one, o 4x2048": one(o=C(4, 2048, 1, 4)),
-    "bf16 att one, o 8x1024": one(o=C(8, 1024, 1, 4)),
-    "bf16 att one, gate_up 2x512": one(gate_up=C(2, 512, 1, 4)),
-    "bf16 att one, gate_up 4x256": one(gate_up=C(4, 256, 1, 4)),
-    "bf16 att one, gate_up 8x512 8w": one(gate_up=C(8, 512, 1, 8)),
-    "bf16 att one, down 8x1024": one(down=C(8, 1024, 1, 4)),
-    "bf16 att one, down 4x2048": one(down=C(4, 2048, 1, 4)),
-    "bf16 att one, down 16x1024 8w": one(down=C(16, 1024, 1, 8)),
-    "bf16 att one, lm_head 8x1024": one(lm_head=C(8, 1024, 1, 4)),
-    "bf16 att one, lm_head 16x2048 8w": one(lm_head=C(16, 2048, 1, 8)),
-    "int8 att one": one("int8"),
-    "int8 att one, qkv 4x1024": one("int8", qkv=C(4, 1024, 1, 4)),
-    "int8 att one, qkv 8x2048": one("int8", qkv=C(8, 2048, 1, 4)),
-    "int8 att one, o 8x2048 4w": one("int8", o=C(8, 2048, 1, 4)),
-    "int8 att one, o 16x2048 8w": one("int8", o=C(16, 2048, 1, 8)),
-    "int8 att one, gate_up 16x512": one("int8", gate_up=C(16, 512, 1, 4)),
-    "int8 att one, gate_up 8x256": one("int8", gate_up=C(8, 256, 1, 4)),
-    "int8 att one, down 16x2048 8w": one("int8", down=C(16, 2048, 1, 8)),
-    "int8 att one, down 8x2048 4w": one("int8", down=C(8, 2048, 1, 4)),
-    "int8 att one, lm_head 32x1024 8w": one("int8", lm_head=C(32, 1024, 1, 8)),
+    "bf16": v(),
+    "bf16 gate_up S2/4w/4": v(gate_up=GU),
+    "bf16 o S4/4w/5": v(o=O),
+    "bf16 gate_up S2/4w/4, o S4/4w/5": v(gate_up=GU, o=O),
+    "bf16 gate_up S1/4w/6": v(gate_up=S(1, 4, 6)),
+    "bf16 gate_up S1/4w/8": v(gate_up=S(1, 4, 8)),
+    "bf16 gate_up S2/4w/4, o S2/4w/8": v(gate_up=GU, o=S(2, 4, 8)),
+    "bf16 o S4/4w/4": v(o=S(4, 4, 4)),
+    "bf16 att 16w": dict(attention=A16),
+    "bf16 gate_up S2/4w/4, o S4/4w/5, att 16w": dict(v(gate_up=GU, o=O), attention=A16),
+    "int8": v("int8"),
+    "int8 att 16w": dict(v("int8"), attention=A16),
 }
 decoders, tokens = {}, {}
 for name, kw in variants.items():
@@ -71,8 +64,8 @@ for name, kw in variants.items():
     print(f"{name}: built, compiled, 64 tokens ({time.perf_counter() - t0:.0f} s)",
           flush=True)
 for name in variants:
-    agree = (tokens[name] == tokens[name.split()[0] + " att one"]).float().mean().item()
-    print(f"  {name}: {100 * agree:.1f} % tokens as its type's att one")
+    agree = (tokens[name] == tokens[name.split()[0]]).float().mean().item()
+    print(f"  {name}: {100 * agree:.1f} % tokens as its type's default")
 
 rounds = interleaved_rounds({n: tb.replays_from(d, PROMPT, REPLAYS)
                              for n, d in decoders.items()},
@@ -83,17 +76,18 @@ for name in variants:
 best = min((n for n in variants if n.startswith("bf16")), key=lambda n: rounds[n].median)
 best8 = min((n for n in variants if n.startswith("int8")), key=lambda n: rounds[n].median)
 print("best:", best, "|", best8)
-print(rounds.compare(best, "bf16 in turn").sentence(best, "bf16 in turn"))
+print(rounds.compare(best, "bf16").sentence(best, "bf16"))
 print(rounds.compare(best8, best).sentence(best8, best))
 
 import gzip, json, os
-for name in ("bf16 in turn", best, best8):
+for name in ("bf16", best, best8):
     d = decoders[name]
     d.prefill(prompt)
     trace = profile_steps(d.step_function(), steps=10, head_start=True)
     stats, timeline = step_stats(trace), step_timeline(trace)
     if os.environ.get("OUT"):
-        with gzip.open(f"{os.environ['OUT']}/{name.replace(' ', '_').replace(',', '')}"
+        safe = "".join(c if c.isalnum() else "_" for c in name)
+        with gzip.open(f"{os.environ['OUT']}/{safe}"
                        ".json.gz", "wt") as f:
             json.dump(trace, f)
     by_kind = time_by_kind(kernel_table(trace))
