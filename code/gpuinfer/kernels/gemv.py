@@ -40,18 +40,15 @@ INT8_WIDEN = ("bits", "convert")  # how `gemv` widens int8 weights (`widen`)
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Tiling of one GEMV. block_n counts outputs per block: rows, or (row, row)
+    """Tiling of one GEMV. block_n counts outputs per program: rows, or (row, row)
     pairs for the paired epilogues (SiLU(gate) * up, rotary), which load 2 * block_n
-    rows. per_sm: 0, a program per block (`gemv`, `gemv_silu`); n > 0, n programs per
-    multiprocessor, each streaming block after block in whole-row tiles
-    (`kernels.stream`; block_k, split_k and num_stages do not apply)."""
+    rows."""
 
     block_n: int = 8
     block_k: int = 2048
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 1
-    per_sm: int = 0
 
     def __post_init__(self):
         # tile sizes are tl.arange sizes: refused when the config is made, not at a launch
@@ -270,13 +267,6 @@ def gemv(w: torch.Tensor | Int8Matrix, x: torch.Tensor, out: torch.Tensor | None
     w, scale = unpack(w)
     n, k = w.shape
     out = torch.empty(n, device=w.device, dtype=x.dtype) if out is None else out
-    if config.per_sm:
-        if int8_widen != "bits":
-            raise ValueError("a streamed GEMV (per_sm > 0) widens int8 through the bits")
-        from gpuinfer.kernels.stream import stream_gemv
-        return stream_gemv(w, scale, x, out, norm=norm, eps=eps, residual=residual,
-                           block_n=config.block_n, per_sm=config.per_sm,
-                           num_warps=config.num_warps, pdl=pdl)
     ws = workspace_for(config, n, k, 1, workspace, w.device)
     grid = config.grid(n, k)
     gemv_kernel[grid](
@@ -299,10 +289,6 @@ def gemv_silu(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
     n2, k = w.shape
     n = n2 // 2
     out = torch.empty(n, device=w.device, dtype=x.dtype) if out is None else out
-    if config.per_sm:
-        from gpuinfer.kernels.stream import stream_silu
-        return stream_silu(w, scale, x, out, norm=norm, eps=eps, block_n=config.block_n,
-                           per_sm=config.per_sm, num_warps=config.num_warps, pdl=pdl)
     ws = workspace_for(config, n, k, 2, workspace, w.device)
     grid = config.grid(n, k)
     gemv_silu_kernel[grid](
