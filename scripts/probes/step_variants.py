@@ -12,9 +12,7 @@ import torch
 from gpuinfer.decode.static import capacity_for
 from gpuinfer.decode.triton_step import TritonDecoder
 from gpuinfer.experiments import triton_bench as tb
-IN_TURN = True
 from gpuinfer.kernels.gemv import GemvConfig as C
-
 from gpuinfer.measure.profiling import profile_steps
 from gpuinfer.measure.timing import interleaved_rounds
 from gpuinfer.model.configs import build_model, model_config, random_prompt
@@ -29,6 +27,8 @@ config = model_config("1b")
 model = build_model(config, seed=0, device="cuda").to(torch.bfloat16)
 prompt = random_prompt(config, PROMPT, seed=1, device="cuda")
 cap = capacity_for(PROMPT, NEW)
+
+
 def v(weights="bf16", **configs):
     return dict(configs=configs) if weights == "bf16" else dict(configs=configs,
                                                                  weights=INT8)
