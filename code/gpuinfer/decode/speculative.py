@@ -1,33 +1,32 @@
 """Speculative greedy decoding: a small draft proposes k tokens, and the target checks all
-of them in one pass that reads its weights once.
+of them in one pass over k + 1 tokens. The proposals are accepted up to the first one the
+target would not have chosen, and the target's own choice at that point is committed too, so
+a pass commits between 1 and k + 1 tokens, and the output is the target's greedy output
+(exactly, where the pass's arithmetic rounds as the one-token step's does).
 
-At batch 1 a decode step reads every weight to produce one token. A verify pass feeds the
-target k + 1 tokens at once (the last committed token and the draft's k proposals) and
-returns its greedy choice after each of them; reading the weights costs the same for 1 or
-k + 1 tokens. The proposals are accepted up to the first one the target would not have
-chosen, and the target's own choice at that point is committed too, so a pass commits
-between 1 and k + 1 tokens, and the output is the target's greedy output (exactly, where the
-pass's arithmetic rounds as the one-token step's does: in FP32 it did, see Chapter 6).
-
-Both models are `StaticDecoder`s sharing one token buffer and one position (`share_sequence`).
-A pass runs on the device without a host value:
+Both models are decoders of one kind sharing one token buffer and one position
+(`share_sequence`): two `TritonDecoder`s (Chapter 5's kernels; Chapter 6) or two
+`StaticDecoder`s (Chapter 3's step, compiled by Inductor). A pass runs on the device
+without a host value:
 
 1. the draft takes k greedy steps from the committed position `pos`; its first step also
-   recomputes the key and value of slot pos - 1 (`REFRESH`), which the draft had not computed
-   if the pass before accepted all k proposals;
-2. the target's verify pass (`verify`) writes its choices after slots
-   pos - k ... pos, counts the accepted proposals n, and moves `pos` to the first slot after
-   them: a rejected proposal is *rolled back by position*. Its key and value stay in both
-   caches, past `pos`, where the mask hides them until a later step overwrites them.
+   recomputes the key and value of slot pos - 1 (`REFRESH`, `TritonDecoder.refresh_step`),
+   which the draft had not computed if the pass before accepted all k proposals;
+2. the target's verify pass (`verify`, `TritonDecoder.verify_step`) writes its choices
+   after slots pos - k ... pos, counts the accepted proposals n, and moves `pos` to the
+   first slot after them: a rejected proposal is *rolled back by position*. Its key and
+   value stay in both caches, past `pos`, where the mask hides them until a later step
+   overwrites them.
 
 So one pass is a fixed sequence of kernels on fixed buffers for each k: one CUDA graph per
-k. The one host read is the position after each pass, which says when to stop.
+k. The host reads the position after each pass, to know when to stop, without stalling the
+GPU: the next pass is queued before the read whenever the passes in flight cannot reach the
+end (`PositionReads`).
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from collections import deque
 from typing import Callable
 
 import torch
@@ -35,6 +34,7 @@ import torch
 from gpuinfer.decode.interface import check_prompt, check_step, graphed_step
 from gpuinfer.decode.runners import BY_HAND, TREES, V4, Mode, compiled
 from gpuinfer.decode.static import StaticDecoder
+from gpuinfer.kernels.common import compile_ahead
 from gpuinfer.measure.timing import capture_graph
 
 REFRESH = (-1, 0)  # the draft's first step of a pass: slots pos - 1 and pos
@@ -101,6 +101,34 @@ class Verifier:
         return lambda: self._verify(self.target, offsets)
 
 
+class KernelVerifier:
+    """The verify pass of a `TritonDecoder` target (`TritonDecoder.verify_step`): the
+    acceptance runs in its last kernel; compiled kernels, one set per number of tokens."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def fn(self, query: int) -> Callable[[], None]:
+        """The pass over `query` tokens (k + 1), as a function of nothing."""
+        if not 2 <= query <= self.target.max_query:
+            raise ValueError(f"a verify pass of {query} tokens: the target takes 2 ... "
+                             f"{self.target.max_query} (TritonDecoder(..., max_query=...))")
+        return lambda: self.target.verify_step(query)
+
+
+def on_kernels(target, draft) -> bool:
+    """Whether the pair runs on Chapter 5's kernels (two TritonDecoders) rather than on
+    Inductor's (two StaticDecoders); refused if mixed."""
+    kernels = [hasattr(d, "verify_step") for d in (target, draft)]
+    if kernels[0] != kernels[1]:
+        raise ValueError(f"a {type(target).__name__} target with a {type(draft).__name__} "
+                         "draft: build both as TritonDecoders or both as StaticDecoders")
+    if kernels[0] and draft.max_query < 2:
+        raise ValueError("the draft's first step of a pass takes 2 tokens (slots pos - 1 "
+                         "and pos): build it with TritonDecoder(..., max_query=2)")
+    return kernels[0]
+
+
 class Speculative:
     """Greedy speculative decoding of `target` with `draft` (StaticDecoders of two models with
     one tokenizer, batch 1, the same capacity), `k` proposals a pass unless `generate` is
@@ -109,11 +137,11 @@ class Speculative:
     pass one CUDA graph per k. A decoder of the book's interface (`decode.interface`):
     its `decode_step` is one pass, and it shares the target's `tokens` and `pos`."""
 
-    def __init__(self, target: StaticDecoder, draft: StaticDecoder, *, k: int = 4,
-                 mode: Mode = V4):
+    def __init__(self, target, draft, *, k: int = 4, mode: Mode = V4):
         if mode.graph == TREES:
             raise ValueError(f"{mode.label}: a pass is captured by hand (graph={BY_HAND!r}) "
                              "or not at all; cudagraph trees would capture its parts apart")
+        self.kernels = on_kernels(target, draft)
         share_sequence(draft, target)
         self.target, self.draft, self.k, self.mode = target, draft, k, mode
         self.tokens, self.pos, self.capacity = target.tokens, target.pos, target.capacity
@@ -121,12 +149,16 @@ class Speculative:
             raise ValueError(f"a draft of vocabulary {draft.vocab} for a target of "
                              f"{target.vocab}: the two models must share one tokenizer")
         self.vocab = target.vocab
-        self.refresh = torch.tensor(REFRESH, device=target.pos.device)
-        self.verifier = Verifier(target, mode=mode)
-        self.first_step, self.step = self.draft_first_step, draft.device_step
-        if mode.compiled:
-            self.first_step, self.step = (compiled(fn, mode) for fn in (self.first_step,
-                                                                         self.step))
+        if self.kernels:  # the mode's compiler options are Inductor's: not used here
+            self.verifier = KernelVerifier(target)
+            self.first_step, self.step = draft.refresh_step, draft.device_step
+        else:
+            self.refresh = torch.tensor(REFRESH, device=target.pos.device)
+            self.verifier = Verifier(target, mode=mode)
+            self.first_step, self.step = self.draft_first_step, draft.device_step
+            if mode.compiled:
+                self.first_step, self.step = (compiled(fn, mode)
+                                              for fn in (self.first_step, self.step))
         self._passes: dict[int, Callable[[], object]] = {}
         self.passes = 0  # of the last generation
 
@@ -159,6 +191,8 @@ class Speculative:
                 draft()
                 return check()
 
+            if self.kernels:
+                compile_ahead(run)  # all the pass's kernels at once, none run
             if self.target.pos.is_cuda and self.mode.graph == BY_HAND:
                 # A pass reads slot pos - 1 and writes up to k + 1 slots past pos.
                 run = graphed_step(self, run, warmup=2, span=k + 1, first_slot=1)
@@ -221,86 +255,59 @@ class Speculative:
                  k: int | None = None) -> torch.Tensor:
         """`new_tokens` greedy tokens of the target after the prompt, `k` (default
         `self.k`) proposals a pass: (1, new_tokens), int64 on the CPU. The number of
-        passes it took is left in `self.passes`."""
+        passes it took is left in `self.passes`.
+
+        A pass commits 1 ... k + 1 tokens, so while the passes in flight cannot reach
+        the last token, the next one is certainly needed: it is queued before the
+        position after the oldest is read, and the GPU never waits for the host's read
+        (two in flight at most). Near the end the loop waits for each read, so that no
+        pass runs past the generation."""
         started = self._start(prompt_ids, new_tokens, k)
         if started is None:
             return torch.empty((1, 0), dtype=torch.int64)
         run, k, start = started
-        last, passes, pos = start + new_tokens - 1, 0, start
-        while pos < last:
-            run()
-            pos = int(self.target.pos.item())  # the pass's one host read
-            passes += 1
-        self.passes, self.host_pos = passes, pos
+        last, passes, known = start + new_tokens - 1, 0, start
+        reads = PositionReads(self.pos)
+        while known < last:
+            while reads.in_flight < 2 and known + reads.in_flight * (k + 1) < last:
+                run()
+                reads.queue()
+                passes += 1
+            known = reads.oldest()
+        self.passes, self.host_pos = passes, known
         return self._tokens(start, new_tokens)
 
-    @torch.no_grad()
-    def timed_generate(self, prompt_ids: torch.Tensor, new_tokens: int,
-                       k: int | None = None) -> tuple[torch.Tensor, "LoopTimes"]:
-        """`generate`, its loop clocked pass by pass (CUDA events on a GPU, the host's
-        clock on a CPU): what a pass costs inside the loop, and what the loop adds between
-        passes. The same tokens as `generate`; the clocks cost a little host time."""
-        started = self._start(prompt_ids, new_tokens, k)
-        if started is None:
-            return torch.empty((1, 0), dtype=torch.int64), LoopTimes((), ())
-        run, k, start = started
-        clock = _Clock(self.pos.is_cuda, 2 * new_tokens)  # made before the loop
-        last, pos = start + new_tokens - 1, start
-        while pos < last:
-            clock.mark()  # the pass is queued here ...
-            run()
-            clock.mark()  # ... and ends here on the device
-            pos = int(self.target.pos.item())
-        self.passes, self.host_pos = len(clock.marks) // 2, pos
-        return self._tokens(start, new_tokens), clock.loop_times()
 
+class PositionReads:
+    """The position after each pass, read without stalling the GPU: copied behind the
+    pass into pinned host memory, with an event to wait for (on a CPU: read at once)."""
 
-@dataclass(frozen=True)
-class LoopTimes:
-    """A generation's loop, clocked: `pass_ms[i]`, pass i from its launch to its end on
-    the device (a graph replay after an idle device: the launch is in it); `gap_ms[i]`,
-    from the end of pass i to the launch of pass i + 1 (the host's read of the position,
-    its loop and its launch). A generation of P passes has P and P - 1 of them."""
-
-    pass_ms: tuple[float, ...]
-    gap_ms: tuple[float, ...]
+    def __init__(self, pos: torch.Tensor, most: int = 2):
+        self.pos, self.cuda = pos, pos.is_cuda
+        self.host = torch.empty(most, dtype=pos.dtype, pin_memory=self.cuda)
+        self.events = [torch.cuda.Event() for _ in range(most)] if self.cuda else []
+        self.slots: deque[int] = deque()
 
     @property
-    def passes(self) -> int:
-        return len(self.pass_ms)
+    def in_flight(self) -> int:
+        return len(self.slots)
 
-    @property
-    def loop_ms(self) -> float:
-        """From the first pass's launch to the last pass's end."""
-        return sum(self.pass_ms) + sum(self.gap_ms)
-
-
-class _Clock:
-    """Timestamps in the device's order: CUDA events (made up front, so that the loop
-    only records them) on a GPU, the host's clock on a CPU."""
-
-    def __init__(self, cuda: bool, most: int):
-        self.cuda, self.marks = cuda, []
-        self._events = ([torch.cuda.Event(enable_timing=True) for _ in range(most)]
-                        if cuda else [])
-
-    def mark(self) -> None:
+    def queue(self) -> None:
+        """The position as the pass just launched leaves it, on its way to the host."""
+        i = next(j for j in range(len(self.host)) if j not in self.slots)
         if self.cuda:
-            event = self._events[len(self.marks)]
-            event.record()
-            self.marks.append(event)
+            self.host[i: i + 1].copy_(self.pos, non_blocking=True)
+            self.events[i].record()
         else:
-            self.marks.append(time.perf_counter())
+            self.host[i] = self.pos[0]
+        self.slots.append(i)
 
-    def _ms(self, a, b) -> float:
-        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
-
-    def loop_times(self) -> LoopTimes:
-        if self.cuda and self.marks:
-            self.marks[-1].synchronize()
-        m = self.marks
-        return LoopTimes(tuple(self._ms(m[i], m[i + 1]) for i in range(0, len(m), 2)),
-                         tuple(self._ms(m[i], m[i + 1]) for i in range(1, len(m) - 1, 2)))
+    def oldest(self) -> int:
+        """The position after the oldest pass in flight, once it has ended."""
+        i = self.slots.popleft()
+        if self.cuda:
+            self.events[i].synchronize()
+        return int(self.host[i])
 
 
 def repeatable(pos: torch.Tensor, start: int, fn: Callable[[], object]) -> Callable[[], object]:

@@ -54,6 +54,9 @@ from gpuinfer.model.llama import AS_STORED, KVCache, WeightFormat, forward, rota
     weights_of
 
 
+MAX_QUERY = 17  # the most tokens a pass takes: a verify pass of up to 16 proposals
+
+
 class TritonDecoder:
     """Greedy batch-1 decoding of a LlamaForCausalLM with Triton kernels.
 
@@ -79,7 +82,11 @@ class TritonDecoder:
                  *, pdl: bool = True, configs: dict | None = None,
                  inline_reduce: bool = True, inline_argmax: bool = False,
                  attention: dict | None = None, weights: WeightFormat = AS_STORED,
-                 device=None):
+                 max_query: int = 1, device=None):
+        if isinstance(max_query, bool) or not isinstance(max_query, int) or \
+                not 1 <= max_query <= MAX_QUERY:
+            raise ValueError(f"max_query={max_query!r}: the most tokens a pass takes, "
+                             f"an int in 1 ... {MAX_QUERY}")
         if batch != 1:
             raise NotImplementedError(f"TritonDecoder decodes one sequence (batch=1), "
                                       f"not {batch}: its kernels are batch-1 GEMVs")
@@ -117,9 +124,15 @@ class TritonDecoder:
         self.k_cache, self.v_cache = zeros(*cache), zeros(*cache)
         self.tokens = zeros(batch, capacity, dtype=torch.long)
         self.pos = zeros(1, dtype=torch.long)
-        self.x, self.h = zeros(hidden), zeros(inter)  # residual stream, SiLU(gate) * up
-        self.q, self.attn = (zeros(self.n_heads * self.head_dim) for _ in range(2))
-        self.logits = zeros(vocab)
+        # A row per token of a pass (a step: row 0): the residual stream, SiLU(gate) * up,
+        # the queries, attention's output, the logits.
+        self.max_query = max_query
+        heads = self.n_heads * self.head_dim
+        self.xs, self.hs = zeros(max_query, hidden), zeros(max_query, inter)
+        self.qs, self.attns = zeros(max_query, heads), zeros(max_query, heads)
+        self.all_logits = zeros(max_query, vocab)
+        self.x, self.h, self.q, self.attn, self.logits = (
+            b[0] for b in (self.xs, self.hs, self.qs, self.attns, self.all_logits))
         self.cos, self.sin = rotary_table(model, capacity)  # (capacity, d)
         # The prefill's view of the cache: one (1, kv_heads, capacity, d) view per layer.
         self.cache = KVCache(list(self.k_cache[:, None]), list(self.v_cache[:, None]),
@@ -141,13 +154,14 @@ class TritonDecoder:
                 "o": hidden, "gate_up": inter, "down": hidden}  # rows or pairs
         need = [(c.grid(outs[n], ks[n]), c.block_n * (1 + (n in PAIRED)))
                 for n, c in self.configs.items() if n != "lm_head"]
-        self.workspace = Workspace(dev, max(b * s * r for (b, s), r in need),
+        rows = triton.next_power_of_2(max_query)  # a pass's partials: a row per token
+        self.workspace = Workspace(dev, max(b * s * r for (b, s), r in need) * rows,
                                    max(b for (b, _), _ in need))
         self.attn_workspace = AttentionWorkspace(
             dev, self.n_kv, self.n_heads // self.n_kv, self.head_dim,
-            self.attention["n_split"])
+            self.attention["n_split"], rows=max_query)
         self.argmax_workspace = ArgmaxWorkspace(
-            dev, triton.cdiv(vocab, self.configs["lm_head"].block_n))
+            dev, triton.cdiv(vocab, self.configs["lm_head"].block_n), rows=max_query)
         self.graph: Callable[[], None] | None = None  # the captured step's replay
         self.compiled = not self.on_gpu  # the step's kernels compiled (`compile`)
 
@@ -165,8 +179,8 @@ class TritonDecoder:
         spaces = (self.workspace, self.attn_workspace, self.argmax_workspace)
         ws = [t for space in spaces for t in vars(space).values()
               if isinstance(t, torch.Tensor)]
-        state = [self.k_cache, self.v_cache, self.tokens, self.pos, self.x, self.q,
-                 self.attn, self.h, self.logits, self.cos, self.sin]
+        state = [self.k_cache, self.v_cache, self.tokens, self.pos, self.xs, self.qs,
+                 self.attns, self.hs, self.all_logits, self.cos, self.sin]
         return weights + ws + [self.embed] + state
 
     def step_bytes(self, context: int) -> int:
@@ -188,24 +202,50 @@ class TritonDecoder:
     def device_step(self) -> None:
         """One greedy step of Triton kernels, reading no host value: tokens[pos] in,
         tokens[pos + 1] and `logits` out, pos += 1. Unchecked: what is captured."""
+        self.device_pass(1)
+
+    def verify_step(self, query: int) -> None:
+        """A verify pass, unchecked: the `query` tokens at slots pos - query + 1 ... pos
+        (the last committed token and the proposals after it) in one pass that reads
+        the weights once; the proposals accepted on the device up to the first the
+        model would not have chosen, its choices written after them, pos moved to the
+        last slot written (`kernels.embed_head.pick_tokens`): 1 ... query tokens
+        committed, and no host value read."""
+        self.device_pass(query, accept=True)
+
+    def refresh_step(self) -> None:
+        """A step that also recomputes the cache slot before pos (slots pos - 1 and pos
+        in one pass; its choice after pos written, pos += 1): a draft's first step of a
+        speculative pass, whose slot pos - 1 it has not seen if the target accepted
+        every proposal of the pass before. Unchecked."""
+        self.device_pass(2)
+
+    def device_pass(self, query: int = 1, accept: bool = False) -> None:
+        """The step's kernels over the `query` tokens at slots pos - query + 1 ... pos,
+        each kernel taking all of them at once (`all_logits` holds each token's
+        logits); then the last token's choice written after it and pos += 1, or, with
+        `accept`, the verify pass's acceptance (`verify_step`). Unchecked."""
+        if not 1 <= query <= self.max_query:
+            raise ValueError(f"a pass of {query} tokens: this decoder takes 1 ... "
+                             f"{self.max_query} (TritonDecoder(..., max_query=...))")
         pdl, ws, cfg, eps = self.pdl, self.workspace, self.configs, self.eps
+        x, h, q, attn, logits = (b[0] if query == 1 else b[:query] for b in
+                                 (self.xs, self.hs, self.qs, self.attns, self.all_logits))
         row = self.tokens[0]
-        embed(self.embed, row, self.pos, self.x, pdl=pdl)
+        embed(self.embed, row, self.pos, x, pdl=pdl)
         for i, w in enumerate(self.layers):
-            qkv_rope(w.qkv, self.x, self.q, self.k_cache[i], self.v_cache[i], self.cos,
-                     self.sin, self.pos, n_heads=self.n_heads, norm=w.input_norm,
-                     eps=eps, config=cfg["qkv"], pdl=pdl, workspace=ws)
-            decode_attention(self.q, self.k_cache[i], self.v_cache[i], self.pos,
-                             self.attn, inline_combine=self.inline_reduce, pdl=pdl,
+            qkv_rope(w.qkv, x, q, self.k_cache[i], self.v_cache[i], self.cos, self.sin,
+                     self.pos, n_heads=self.n_heads, norm=w.input_norm, eps=eps,
+                     config=cfg["qkv"], pdl=pdl, workspace=ws)
+            decode_attention(q, self.k_cache[i], self.v_cache[i], self.pos, attn,
+                             inline_combine=self.inline_reduce, pdl=pdl,
                              workspace=self.attn_workspace, **self.attention)
-            gemv(w.o, self.attn, self.x, residual=self.x, config=cfg["o"], pdl=pdl,
-                 workspace=ws)
-            gemv_silu(w.gate_up, self.x, self.h, norm=w.post_norm, eps=eps,
-                      config=cfg["gate_up"], pdl=pdl, workspace=ws)
-            gemv(w.down, self.h, self.x, residual=self.x, config=cfg["down"], pdl=pdl,
-                 workspace=ws)
-        lm_head_argmax(self.lm_head, self.x, self.logits, row, self.pos, norm=self.norm,
-                       eps=eps, config=cfg["lm_head"], inline=self.inline_argmax,
+            gemv(w.o, attn, x, residual=x, config=cfg["o"], pdl=pdl, workspace=ws)
+            gemv_silu(w.gate_up, x, h, norm=w.post_norm, eps=eps, config=cfg["gate_up"],
+                      pdl=pdl, workspace=ws)
+            gemv(w.down, h, x, residual=x, config=cfg["down"], pdl=pdl, workspace=ws)
+        lm_head_argmax(self.lm_head, x, logits, row, self.pos, norm=self.norm, eps=eps,
+                       config=cfg["lm_head"], inline=self.inline_argmax, accept=accept,
                        pdl=pdl, workspace=self.argmax_workspace)
 
     def capture(self, warmup: int = 2) -> Callable[[], None]:
@@ -262,6 +302,28 @@ class TritonDecoder:
         self.step_function(graph)()
         self.host_pos = at + 1
         return self.logits.clone()[None]
+
+    @torch.no_grad()
+    def pass_logits(self, ids) -> torch.Tensor:
+        """Teacher forcing over a pass: the tokens `ids` (1, T) put at slots pos ...
+        pos + T - 1 and run as one pass (the weights read once); a copy of the logits
+        after each, (1, T, vocab), what T `step_logits` calls give (exactly, in this
+        package's kernels: each token's arithmetic is the step's). pos ends T slots on,
+        the last token's choice written after it. Checked as `step_logits` is."""
+        ids = torch.as_tensor(ids, device=self.device)
+        ids = ids.view(1, -1) if ids.dim() < 2 else ids
+        check_ids(self, ids, "ids")
+        query = ids.shape[1]
+        if ids.shape[0] != 1 or not 1 <= query <= self.max_query:
+            raise ValueError(f"ids of shape {tuple(ids.shape)}: (1, T) with T in 1 ... "
+                             f"{self.max_query} (TritonDecoder(..., max_query=...))")
+        at = check_step(self, writes=query)
+        self.tokens[:, at: at + query].copy_(ids)
+        self.pos.fill_(at + query - 1)
+        self.compile()
+        self.device_pass(query)
+        self.host_pos = at + query
+        return self.all_logits[:query].clone()[None]
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, new_tokens: int,

@@ -99,14 +99,25 @@ def attention_partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, o_ptr, cnt_
                              GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                              HEAD_DIM: tl.constexpr, N_SPLIT: tl.constexpr,
                              BLOCK_S: tl.constexpr, UPCAST: tl.constexpr,
-                             INLINE_COMBINE: tl.constexpr, PDL: tl.constexpr):
+                             INLINE_COMBINE: tl.constexpr, PDL: tl.constexpr,
+                             ROWS: tl.constexpr):
     h = tl.program_id(0)
     s = tl.program_id(1)
     # Before the PDL wait, what no kernel of this layer writes: pos (the previous step's
     # last kernel wrote it, and that kernel has finished before the one before this
     # launched us; .cg reads it at L2) and the cached slots before pos.
     capacity = cache_head_stride // HEAD_DIM  # a shift: HEAD_DIM is a power of two
-    n = slots_seen(tl.load(pos_ptr, cache_modifier=".cg"), capacity)  # slots 0..pos
+    pos = tl.load(pos_ptr, cache_modifier=".cg")
+    fresh = 0  # the pass's slots before this token's own (a step: none)
+    if ROWS > 1:  # token t of a pass (pos - ROWS + 1 + t): the step's program at its slot
+        t = tl.program_id(2)
+        pos = pos - (ROWS - 1) + t
+        fresh = t
+        q_ptr += t * tl.num_programs(0) * GROUP * HEAD_DIM
+        o_ptr += t * tl.num_programs(0) * GROUP * HEAD_DIM
+        part_ptr += t * tl.num_programs(0) * N_SPLIT * GROUP * (HEAD_DIM + 2)
+        cnt_ptr += t * tl.num_programs(0)
+    n = slots_seen(pos, capacity)  # slots 0..pos
     chunk = chunk_of(n, N_SPLIT, BLOCK_S)
     start = s * chunk
     end = tl.minimum(start + chunk, n)
@@ -114,17 +125,18 @@ def attention_partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, o_ptr, cnt_
     base = h.to(tl.int64) * cache_head_stride
     slots = start + tl.arange(0, BLOCK_S)
     at = base + slots[:, None] * HEAD_DIM + d[None, :]
-    old = (slots < end) & (slots < n - 1)
+    old = (slots < end) & (slots < n - 1 - fresh)
     k = tl.load(k_ptr + at, mask=old[:, None], other=0.0)
     v = tl.load(v_ptr + at, mask=old[:, None], other=0.0)
-    pdl_wait(PDL)  # q and the newest key and value (slot pos) come from the last kernel
-    newest = slots == n - 1  # in this first tile, or nowhere in it
-    has_newest = (n - 1 >= start) & (n - 1 < start + BLOCK_S)
-    at_newest = base + (n - 1) * HEAD_DIM + d
-    k_new = tl.load(k_ptr + at_newest, mask=has_newest)
-    v_new = tl.load(v_ptr + at_newest, mask=has_newest)
-    k = tl.where(newest[:, None], k_new[None, :], k)
-    v = tl.where(newest[:, None], v_new[None, :], v)
+    pdl_wait(PDL)  # q and the newest keys and values (this pass's) come from qkv
+    for i in tl.static_range(ROWS):  # slot n - 1 - i, if it is the pass's
+        newest = slots == n - 1 - i  # in this first tile, or nowhere in it
+        has_newest = (n - 1 - i >= start) & (n - 1 - i < start + BLOCK_S) & (i <= fresh)
+        at_newest = base + (n - 1 - i) * HEAD_DIM + d
+        k_new = tl.load(k_ptr + at_newest, mask=has_newest)
+        v_new = tl.load(v_ptr + at_newest, mask=has_newest)
+        k = tl.where(newest[:, None] & has_newest, k_new[None, :], k)
+        v = tl.where(newest[:, None] & has_newest, v_new[None, :], v)
     # The group's queries padded with rows of zeros to GROUP_PAD, a power of two >= 16
     # (the least tl.dot takes), whatever the group: both products run on the tensor
     # cores, and the padding costs no memory (masked loads and stores).
@@ -184,23 +196,31 @@ def attention_partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, o_ptr, cnt_
 @triton.jit
 def attention_combine_kernel(part_ptr, o_ptr, pos_ptr, capacity, GROUP: tl.constexpr,
                              HEAD_DIM: tl.constexpr, N_SPLIT: tl.constexpr,
-                             BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+                             BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+                             ROWS: tl.constexpr):
     pdl_wait(PDL)
-    n = slots_seen(tl.load(pos_ptr), capacity)  # as the partials' kernel saw them
+    pos = tl.load(pos_ptr)
+    if ROWS > 1:  # token t of a pass, as the partials' kernel offset it
+        t = tl.program_id(1)
+        pos = pos - (ROWS - 1) + t
+        o_ptr += t * tl.num_programs(0) * GROUP * HEAD_DIM
+        part_ptr += t * tl.num_programs(0) * N_SPLIT * GROUP * (HEAD_DIM + 2)
+    n = slots_seen(pos, capacity)  # as the partials' kernel saw them
     active = tl.cdiv(n, chunk_of(n, N_SPLIT, BLOCK_S))
     combine_head(part_ptr, o_ptr, tl.program_id(0), active, GROUP, HEAD_DIM, N_SPLIT)
 
 
 class AttentionWorkspace:
-    """The partials (kv_heads, n_split, group, head_dim + 2) FP32 and the per-head
-    arrival counters of the inline combine, allocated once. Any group: the kernels'
-    padded heads are never stored."""
+    """The partials (rows, kv_heads, n_split, group, head_dim + 2) FP32 and the per-head
+    arrival counters of the inline combine, allocated once, for passes of up to `rows`
+    tokens. Any group: the kernels' padded heads are never stored."""
 
-    def __init__(self, device, n_kv: int, group: int, head_dim: int, n_split: int):
-        self.n_split = n_split
-        self.partials = torch.empty(n_kv * n_split * group * (head_dim + 2),
+    def __init__(self, device, n_kv: int, group: int, head_dim: int, n_split: int,
+                 rows: int = 1):
+        self.n_split, self.rows = n_split, rows
+        self.partials = torch.empty(rows * n_kv * n_split * group * (head_dim + 2),
                                     device=device, dtype=torch.float32)
-        self.counters = torch.zeros(n_kv, device=device, dtype=torch.int32)
+        self.counters = torch.zeros(rows * n_kv, device=device, dtype=torch.int32)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -211,30 +231,34 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      workspace: AttentionWorkspace | None = None) -> torch.Tensor:
     """Attention of q (heads * d,) on slots 0..pos of k_cache, v_cache (kv_heads,
     capacity, d); pos a one-element tensor (past the cache: all its slots, below 0:
-    slot 0). Returns (heads * d,) in q's dtype."""
+    slot 0). Returns (heads * d,) in q's dtype. q (T, heads * d): a pass of T tokens at
+    slots pos - T + 1 ... pos, each over the slots up to its own, in programs of its
+    own (grid axis 2), each the step's program at its slot; returns (T, heads * d)."""
     n_kv, capacity, head_dim = k_cache.shape
-    group = q.numel() // (n_kv * head_dim)
+    rows = 1 if q.dim() == 1 else q.shape[0]
+    group = q.shape[-1] // (n_kv * head_dim)
     check_pow2(head_dim=head_dim, n_split=n_split, block_s=block_s)  # not group: padded
     if head_dim < 16 or block_s < 16:
         raise ValueError("tl.dot needs head_dim >= 16 and block_s >= 16")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("the cache must be contiguous")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and q.is_contiguous()):
+        raise ValueError("q and the cache must be contiguous")
     out = torch.empty_like(q) if out is None else out
-    ws = workspace or AttentionWorkspace(q.device, n_kv, group, head_dim, n_split)
-    if ws.n_split != n_split or ws.counters.numel() < n_kv:
-        raise ValueError("the workspace was made for another n_split or head count")
-    attention_partial_kernel[(n_kv, n_split)](
+    ws = workspace or AttentionWorkspace(q.device, n_kv, group, head_dim, n_split, rows)
+    if ws.n_split != n_split or ws.counters.numel() < rows * n_kv:
+        raise ValueError(f"the workspace was made for another n_split, head count or "
+                         f"number of tokens ({ws.rows}, not {rows})")
+    attention_partial_kernel[(n_kv, n_split, rows)](
         q, k_cache, v_cache, pos, ws.partials, out, ws.counters,
         capacity * head_dim, head_dim**-0.5,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, N_SPLIT=n_split,
         BLOCK_S=block_s, UPCAST=INTERPRETED or q.dtype == torch.float32,
-        INLINE_COMBINE=inline_combine, PDL=pdl,
+        INLINE_COMBINE=inline_combine, PDL=pdl, ROWS=rows,
         **launch_options(num_warps, num_stages, pdl))
     if not inline_combine and n_split > 1:  # one split writes o itself
-        attention_combine_kernel[(n_kv,)](
+        attention_combine_kernel[(n_kv, rows)](
             ws.partials, out, pos, capacity, GROUP=group, HEAD_DIM=head_dim,
-            N_SPLIT=n_split, BLOCK_S=block_s, PDL=pdl,
+            N_SPLIT=n_split, BLOCK_S=block_s, PDL=pdl, ROWS=rows,
             **launch_options(num_warps, 1, pdl))
     return out
 

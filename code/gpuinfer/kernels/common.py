@@ -158,9 +158,11 @@ def arrive(counter_ptr, expected):
 
 
 @triton.jit
-def split_k_sum(acc, ws_ptr, counter_ptr, block, pid_k, SPLIT_K: tl.constexpr,
-                BLOCK_R: tl.constexpr):
+def split_k_sum(acc, index, ws_ptr, counter_ptr, block, pid_k, SPLIT_K: tl.constexpr,
+                SIZE: tl.constexpr):
     """Sum the SPLIT_K partial results of one block of rows: (sum, is_last_program).
+    acc: the program's partial sums, SIZE of them (a pass: a row per token), `index`
+    each one's place in the block's partials (0 ... SIZE - 1, acc's shape).
 
     Each program writes its partial sums to the workspace; the last of the block's
     programs to finish adds all of them, always in split order (deterministic, unlike
@@ -169,13 +171,21 @@ def split_k_sum(acc, ws_ptr, counter_ptr, block, pid_k, SPLIT_K: tl.constexpr,
     """
     last = pid_k == SPLIT_K - 1  # one split: every program is its block's last
     if SPLIT_K > 1:
-        r = tl.arange(0, BLOCK_R)
-        base = ws_ptr + block.to(tl.int64) * (SPLIT_K * BLOCK_R)
-        tl.store(base + pid_k * BLOCK_R + r, acc)
+        base = ws_ptr + block.to(tl.int64) * (SPLIT_K * SIZE)
+        tl.store(base + pid_k * SIZE + index, acc)
         last = arrive(counter_ptr + block, SPLIT_K)
         if last:
             acc = tl.zeros_like(acc)
             for s in tl.static_range(SPLIT_K):
                 # .cg: read at L2, never a stale L1 line left from an earlier kernel
-                acc += tl.load(base + s * BLOCK_R + r, cache_modifier=".cg")
+                acc += tl.load(base + s * SIZE + index, cache_modifier=".cg")
     return acc, last
+
+
+@triton.jit
+def place_row(y, acc, t, ROWS_P2: tl.constexpr):
+    """y (ROWS_P2, n) with row t replaced by acc (n,): a pass's results, gathered in
+    registers so that every token's loads are issued before any store (a store could
+    alias a later token's input, which would order the loads after it)."""
+    r = tl.arange(0, ROWS_P2)[:, None]
+    return tl.where(r == t, acc[None, :], y)

@@ -25,14 +25,15 @@ import triton.language as tl
 from gpuinfer.model.llama import rms_norm
 from gpuinfer.kernels.common import (arrive, check_pow2, launch_options, pdl_wait,
                                      round_to)
-from gpuinfer.kernels.gemv import GemvConfig, prefetch, rows_dot
+from gpuinfer.kernels.gemv import GemvConfig, tokens_of
+from gpuinfer.kernels.tile import prefetch, rows_dots
 from gpuinfer.kernels.quant import Int8Matrix, matvec_fp32, unpack
 
 
 @triton.jit
-def pick_token(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr, capacity,
-               BLOCK_R: tl.constexpr, N_CHUNKS: tl.constexpr):
-    """tokens[pos + 1] = the index of the largest of n_blocks block maxima; pos += 1."""
+def choose(best_ptr, best_idx_ptr, n_blocks, BLOCK_R: tl.constexpr,
+           N_CHUNKS: tl.constexpr):
+    """The index of the largest of n_blocks block maxima (the first, on a tie)."""
     lane = tl.arange(0, BLOCK_R)
     best = tl.max(tl.full((BLOCK_R,), float("-inf"), tl.float32), axis=0)
     best_idx = tl.sum(tl.zeros((BLOCK_R,), tl.int32), axis=0)
@@ -48,13 +49,50 @@ def pick_token(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr, capacity,
         better = top > best  # strict: an earlier chunk wins a tie
         best_idx = tl.where(better, top_idx, best_idx)
         best = tl.maximum(best, top)
-    pos = tl.load(pos_ptr)
-    # Past the tokens (pos + 1 >= capacity, or a negative pos) no token is written, but
-    # pos still advances: every later step finds pos past the cache too, and writes
-    # nothing (the decoder's host count refuses such steps; a graph's replay runs them).
-    ours = (pos + 1 >= 0) & (pos + 1 < capacity)
-    tl.store(tokens_ptr + pos + 1, best_idx.to(tl.int64), mask=ours)
-    tl.store(pos_ptr, pos + 1)
+    return best_idx.to(tl.int64)
+
+
+@triton.jit
+def pick_tokens(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr, capacity,
+                BLOCK_R: tl.constexpr, N_CHUNKS: tl.constexpr, ROWS: tl.constexpr,
+                ACCEPT: tl.constexpr):
+    """After a pass over the ROWS tokens at slots pos - ROWS + 1 ... pos (a step: one),
+    with each token's block maxima in a row of n_blocks:
+
+    - a step, or a pass without ACCEPT: tokens[pos + 1] = the last token's choice;
+      pos += 1;
+    - ACCEPT (a verify pass): the tokens after the first are proposals. Each is
+      accepted if it equals the choice after the token before it, up to the first that
+      is not; the choices are written after each token up to there (an accepted
+      proposal is its own choice; the one after the last accepted is the target's
+      next token), and pos moves to the last slot written: 1 ... ROWS tokens committed.
+
+    Past the tokens (a slot >= capacity, or a negative one) nothing is written, but pos
+    still advances: every later step finds pos past the cache too, and writes nothing
+    (the decoder's host count refuses such steps; a graph's replay runs them)."""
+    if ACCEPT:
+        pos = tl.load(pos_ptr)
+        first = pos - (ROWS - 1)
+        agree = pos == pos  # so far every proposal was the target's choice
+        written = pos - pos
+        for t in tl.static_range(ROWS):
+            choice = choose(best_ptr + t * n_blocks, best_idx_ptr + t * n_blocks,
+                            n_blocks, BLOCK_R, N_CHUNKS)
+            slot = first + t + 1
+            ours = agree & (slot >= 0) & (slot < capacity)
+            proposal = tl.load(tokens_ptr + slot, mask=ours & (t < ROWS - 1), other=-1)
+            tl.store(tokens_ptr + slot, choice, mask=ours)
+            written += agree.to(tl.int64)
+            agree = agree & (proposal == choice)
+        tl.store(pos_ptr, first + written)
+    else:
+        last = (ROWS - 1) * n_blocks
+        choice = choose(best_ptr + last, best_idx_ptr + last, n_blocks, BLOCK_R,
+                        N_CHUNKS)
+        pos = tl.load(pos_ptr)
+        ours = (pos + 1 >= 0) & (pos + 1 < capacity)
+        tl.store(tokens_ptr + pos + 1, choice, mask=ours)
+        tl.store(pos_ptr, pos + 1)
 
 
 @triton.jit
@@ -65,45 +103,56 @@ def lm_head_argmax_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, logits_ptr, best_pt
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           N_TILES: tl.constexpr, BLOCK_R: tl.constexpr,
                           N_CHUNKS: tl.constexpr, INLINE: tl.constexpr,
-                          PDL: tl.constexpr):
+                          PDL: tl.constexpr, ROWS: tl.constexpr, ACCEPT: tl.constexpr):
     block = tl.program_id(0)
+    blocks = tl.num_programs(0)
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     w, g, s = prefetch(w_ptr, stride_w, rows, rows < N, 0, K, norm_ptr, scale_ptr, NORM,
                        SCALED, BLOCK_K)
     pdl_wait(PDL)
-    acc = rows_dot(w, g, s, w_ptr, stride_w, rows, rows < N, x_ptr, K, 0, K, norm_ptr,
-                   eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, True)
+    R: tl.constexpr = triton.next_power_of_2(ROWS)  # a row per token, padded
+    rr = tl.arange(0, R)
+    y = rows_dots(w, g, s, w_ptr, stride_w, rows, rows < N, x_ptr, K, 0, K, norm_ptr,
+                  eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, True, ROWS, R)
     dt = logits_ptr.dtype.element_ty
-    y = round_to(acc, dt)
-    tl.store(logits_ptr + rows, y.to(dt), mask=rows < N)
-    y = tl.where(rows < N, y, float("-inf"))
-    at = tl.argmax(y, axis=0, tie_break_left=True)
-    tl.store(best_ptr + block, tl.max(y, axis=0))
-    tl.store(best_idx_ptr + block, block * BLOCK_N + at)
+    y = round_to(y, dt)
+    mask = (rr < ROWS)[:, None] & (rows < N)[None, :]
+    tl.store(logits_ptr + rr[:, None] * N + rows[None, :], y.to(dt), mask=mask)
+    y = tl.where(mask, y, float("-inf"))
+    at = tl.argmax(y, axis=1, tie_break_left=True)
+    tl.store(best_ptr + rr * blocks + block, tl.max(y, axis=1), mask=rr < ROWS)
+    tl.store(best_idx_ptr + rr * blocks + block, block * BLOCK_N + at, mask=rr < ROWS)
     if INLINE:
-        if arrive(cnt_ptr, tl.num_programs(0)):
-            pick_token(best_ptr, best_idx_ptr, tl.num_programs(0), tokens_ptr, pos_ptr,
-                       capacity, BLOCK_R, N_CHUNKS)
+        if arrive(cnt_ptr, blocks):
+            pick_tokens(best_ptr, best_idx_ptr, blocks, tokens_ptr, pos_ptr, capacity,
+                        BLOCK_R, N_CHUNKS, ROWS, ACCEPT)
 
 
 @triton.jit
 def argmax_reduce_kernel(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr,
                          capacity, BLOCK_R: tl.constexpr, N_CHUNKS: tl.constexpr,
-                         PDL: tl.constexpr):
+                         PDL: tl.constexpr, ROWS: tl.constexpr, ACCEPT: tl.constexpr):
     pdl_wait(PDL)
-    pick_token(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr, capacity, BLOCK_R,
-               N_CHUNKS)
+    pick_tokens(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr, capacity, BLOCK_R,
+                N_CHUNKS, ROWS, ACCEPT)
 
 
 @triton.jit
 def embed_kernel(embed_ptr, tokens_ptr, pos_ptr, x_ptr, hidden, stride_e, capacity,
-                 vocab, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """x = embed[tokens[pos]], pos clamped to the tokens [0, capacity) and the id to the
-    embedding's rows [0, vocab): out of range, x is some row of the embedding, which
-    does not matter (the decoder refuses such a pos or id before a step); what matters
-    is that no read leaves the buffers. Two scalar clamps a program."""
+                 vocab, BLOCK: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
+    """x = embed[tokens[pos]] (a pass: row t of x for the token at slot
+    pos - ROWS + 1 + t, program_id(1) = t), the slot clamped to the tokens
+    [0, capacity) and the id to the embedding's rows [0, vocab): out of range, x is some
+    row of the embedding, which does not matter (the decoder refuses such a pos or id
+    before a step); what matters is that no read leaves the buffers. Two scalar clamps
+    a program."""
     pdl_wait(PDL)  # pos and the token come from the previous step
-    pos = tl.minimum(tl.maximum(tl.load(pos_ptr), 0), capacity - 1)
+    pos = tl.load(pos_ptr)
+    if ROWS > 1:
+        t = tl.program_id(1)
+        pos = pos - (ROWS - 1) + t
+        x_ptr += t * hidden
+    pos = tl.minimum(tl.maximum(pos, 0), capacity - 1)
     token = tl.minimum(tl.maximum(tl.load(tokens_ptr + pos), 0), vocab - 1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(embed_ptr + token * stride_e + cols, mask=cols < hidden)
@@ -111,14 +160,15 @@ def embed_kernel(embed_ptr, tokens_ptr, pos_ptr, x_ptr, hidden, stride_e, capaci
 
 
 class ArgmaxWorkspace:
-    """Per-block maxima and their indices, and the arrival counter, allocated once.
-    block_r: the chunk the last lm_head program reduces at a time (inline argmax); kept
-    small, since the registers it takes are the whole kernel's."""
+    """Per-block maxima and their indices (a row of them for each of a pass's up to
+    `rows` tokens), and the arrival counter, allocated once. block_r: the chunk the last
+    lm_head program reduces at a time (inline argmax); kept small, since the registers
+    it takes are the whole kernel's."""
 
-    def __init__(self, device, n_blocks: int, block_r: int = 2048):
-        self.block_r = block_r
-        self.best = torch.empty(n_blocks, device=device, dtype=torch.float32)
-        self.best_idx = torch.empty(n_blocks, device=device, dtype=torch.int32)
+    def __init__(self, device, n_blocks: int, block_r: int = 2048, rows: int = 1):
+        self.block_r, self.rows = block_r, rows
+        self.best = torch.empty(rows * n_blocks, device=device, dtype=torch.float32)
+        self.best_idx = torch.empty(rows * n_blocks, device=device, dtype=torch.int32)
         self.counter = torch.zeros(1, device=device, dtype=torch.int32)
 
 
@@ -126,46 +176,55 @@ def lm_head_argmax(w: torch.Tensor | Int8Matrix, x: torch.Tensor, logits: torch.
                    tokens: torch.Tensor, pos: torch.Tensor, *,
                    norm: torch.Tensor | None = None, eps: float = 1e-5,
                    config: GemvConfig = GemvConfig(), inline: bool = True,
-                   pdl: bool = False, workspace: ArgmaxWorkspace | None = None) -> None:
+                   accept: bool = False, pdl: bool = False,
+                   workspace: ArgmaxWorkspace | None = None) -> None:
     """logits = W @ RMSNorm(x); tokens[pos + 1] = argmax(logits); pos += 1.
     tokens: one row (capacity,) of int64; pos: a one-element int64 tensor. Where
-    pos + 1 is not a slot of tokens, no token is written (pos still advances)."""
+    pos + 1 is not a slot of tokens, no token is written (pos still advances).
+    x (T, hidden), logits (T, vocab): a pass over the tokens at slots pos - T + 1 ...
+    pos, the weights read once; then the last token's choice is written after it, or,
+    with `accept` (a verify pass), the proposals are accepted as `pick_tokens` says."""
     w, scale = unpack(w)
     n, k = w.shape
     if config.split_k != 1:
         raise ValueError("the lm_head argmax has no split-K (one program per block)")
+    rows = tokens_of(x, k)
     blocks = triton.cdiv(n, config.block_n)
-    ws = workspace or ArgmaxWorkspace(w.device, blocks)
-    if ws.best.numel() < blocks:
-        raise ValueError(f"argmax workspace holds {ws.best.numel()} blocks, "
-                         f"need {blocks}")
+    ws = workspace or ArgmaxWorkspace(w.device, blocks, rows=rows)
+    if ws.best.numel() < rows * blocks:
+        raise ValueError(f"argmax workspace holds {ws.best.numel()} block maxima, "
+                         f"need {rows} x {blocks}")
+    if logits.numel() < rows * n:
+        raise ValueError(f"logits of {logits.numel()} elements for {rows} x {n}")
     lm_head_argmax_kernel[(blocks,)](
         w, scale, x, norm, logits, ws.best, ws.best_idx, ws.counter, tokens, pos,
         n, k, w.stride(0), eps, tokens.numel(),
         NORM=norm is not None, SCALED=scale is not None,
         K_NORM=triton.next_power_of_2(k), BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, N_TILES=config.tiles(k), BLOCK_R=ws.block_r,
-        N_CHUNKS=triton.cdiv(blocks, ws.block_r), INLINE=inline, PDL=pdl,
-        **launch_options(config.num_warps, config.num_stages, pdl))
+        N_CHUNKS=triton.cdiv(blocks, ws.block_r), INLINE=inline, PDL=pdl, ROWS=rows,
+        ACCEPT=accept, **launch_options(config.num_warps, config.num_stages, pdl))
     if not inline:
         # one program, as wide as it takes to read every block maximum at once: a loop
         # of chunks would be one L2 round trip after another
         block_r = min(16384, triton.next_power_of_2(blocks))
         argmax_reduce_kernel[(1,)](
             ws.best, ws.best_idx, blocks, tokens, pos, tokens.numel(),
-            BLOCK_R=block_r, N_CHUNKS=triton.cdiv(blocks, block_r), PDL=pdl,
-            **launch_options(max(4, min(16, block_r // 1024)), 1, pdl))
+            BLOCK_R=block_r, N_CHUNKS=triton.cdiv(blocks, block_r), PDL=pdl, ROWS=rows,
+            ACCEPT=accept, **launch_options(max(4, min(16, block_r // 1024)), 1, pdl))
 
 
 def embed(table: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor,
           x: torch.Tensor, *, block: int = 1024, pdl: bool = False) -> None:
-    """x = table[tokens[pos]] for one row `tokens` (capacity,) and pos (1,); reads
-    nothing outside them whatever pos and the id are (`embed_kernel`)."""
+    """x = table[tokens[pos]] for one row `tokens` (capacity,) and pos (1,); x (T,
+    hidden): the rows of the tokens at slots pos - T + 1 ... pos. Reads nothing
+    outside them whatever pos and the ids are (`embed_kernel`)."""
     hidden = table.shape[1]
     check_pow2(block=block)
-    embed_kernel[(triton.cdiv(hidden, block),)](
+    rows = tokens_of(x, hidden)
+    embed_kernel[(triton.cdiv(hidden, block), rows)](
         table, tokens, pos, x, hidden, table.stride(0), tokens.numel(), table.shape[0],
-        BLOCK=block, PDL=pdl,
+        BLOCK=block, PDL=pdl, ROWS=rows,
         **launch_options(4, 1, pdl))
 
 

@@ -27,7 +27,8 @@ import triton.language as tl
 from gpuinfer.model.llama import rms_norm, rotate_half
 from gpuinfer.kernels.common import (Workspace, launch_options, pdl_wait, round_to,
                                      split_k_sum)
-from gpuinfer.kernels.gemv import GemvConfig, prefetch, rows_dot, workspace_for
+from gpuinfer.kernels.gemv import GemvConfig, tokens_of, workspace_for
+from gpuinfer.kernels.tile import prefetch, rows_dots
 from gpuinfer.kernels.quant import Int8Matrix, matvec_fp32, unpack
 
 
@@ -39,7 +40,7 @@ def qkv_rope_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, q_ptr, k_cache_ptr, v_cac
                     NORM: tl.constexpr, SCALED: tl.constexpr, K_NORM: tl.constexpr,
                     BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, N_TILES: tl.constexpr,
-                    SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+                    SPLIT_K: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
     HALF: tl.constexpr = HEAD_DIM // 2
     N_PAIRS: tl.constexpr = (N_HEADS + 2 * N_KV) * HALF
     block = tl.program_id(0)
@@ -52,44 +53,51 @@ def qkv_rope_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, q_ptr, k_cache_ptr, v_cac
     w, g, s = prefetch(w_ptr, stride_w, rows, p < N_PAIRS, k_lo, k_hi, norm_ptr,
                        scale_ptr, NORM, SCALED, BLOCK_K)
     pdl_wait(PDL)
-    # pos and this position's cos/sin now, so that they arrive while the dot runs
+    # The pass's tokens at slots pos - ROWS + 1 ... pos, a row each (padded to R); pos
+    # and each position's cos/sin now, so that they arrive while the dot runs.
+    R: tl.constexpr = triton.next_power_of_2(ROWS)
+    rr = tl.arange(0, R)
     pp = block * BLOCK_N + tl.arange(0, BLOCK_N)
     valid = pp < N_PAIRS
     head = tl.where(valid, pp // HALF, 0)
     d = pp % HALF
-    pos = tl.load(pos_ptr)
+    pos = tl.load(pos_ptr) - (ROWS - 1) + rr
     # a slot of the cache? (cache_head_stride = capacity * HEAD_DIM: no new argument)
-    in_cache = (pos >= 0) & (pos * HEAD_DIM < cache_head_stride)
+    in_cache = (pos >= 0) & (pos * HEAD_DIM < cache_head_stride) & (rr < ROWS)
     pos = tl.where(in_cache, pos, 0)  # the tables' row and the slot stay in bounds
-    table = pos * HEAD_DIM + d
+    table = pos[:, None] * HEAD_DIM + d[None, :]
     cos_lo = tl.load(cos_ptr + table).to(tl.float32)
     cos_hi = tl.load(cos_ptr + table + HALF).to(tl.float32)
     sin_lo = tl.load(sin_ptr + table).to(tl.float32)
     sin_hi = tl.load(sin_ptr + table + HALF).to(tl.float32)
-    acc = rows_dot(w, g, s, w_ptr, stride_w, rows, p < N_PAIRS, x_ptr, K, k_lo, k_hi,
-                   norm_ptr, eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, True)
-    acc, last = split_k_sum(acc, ws_ptr, cnt_ptr, block, pid_k, SPLIT_K, 2 * BLOCK_N)
+    y = rows_dots(w, g, s, w_ptr, stride_w, rows, p < N_PAIRS, x_ptr, K, k_lo, k_hi,
+                  norm_ptr, eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, True, ROWS, R)
+    at = rr[:, None] * (2 * BLOCK_N) + r[None, :]
+    y, last = split_k_sum(y, at, ws_ptr, cnt_ptr, block, pid_k, SPLIT_K,
+                          R * 2 * BLOCK_N)
     if last:
         dt = q_ptr.dtype.element_ty
-        lo, hi = tl.split(tl.reshape(acc, (BLOCK_N, 2)))  # dimensions d and d + HALF
+        lo, hi = tl.split(tl.reshape(y, (R, BLOCK_N, 2)))  # dimensions d and d + HALF
         lo = round_to(lo, dt)  # F.linear's output in the activations' dtype
         hi = round_to(hi, dt)
         # q * cos + rotate_half(q) * sin, each product and the sum rounded as in PyTorch
         rot_lo = round_to(round_to(lo * cos_lo, dt) + round_to(-hi * sin_lo, dt), dt)
         rot_hi = round_to(round_to(hi * cos_hi, dt) + round_to(lo * sin_hi, dt), dt)
-        rotary = head < N_HEADS + N_KV  # queries and keys; values are not rotated
+        rotary = (head < N_HEADS + N_KV)[None, :]  # queries and keys, not values
         lo = tl.where(rotary, rot_lo, lo).to(dt)
         hi = tl.where(rotary, rot_hi, hi).to(dt)
-        is_q = valid & (head < N_HEADS)
-        q_at = q_ptr + head * HEAD_DIM + d
+        is_q = (valid & (head < N_HEADS))[None, :] & (rr < ROWS)[:, None]
+        q_at = q_ptr + rr[:, None] * (N_HEADS * HEAD_DIM) + (head * HEAD_DIM + d)[None, :]
         tl.store(q_at, lo, mask=is_q)
         tl.store(q_at + HALF, hi, mask=is_q)
         # heads N_HEADS.. are keys, then values: kv head h at slot pos of the cache
-        is_k = valid & rotary & (head >= N_HEADS) & in_cache
-        is_v = valid & (head >= N_HEADS + N_KV) & in_cache
-        kv_head = tl.where(is_v, head - N_HEADS - N_KV,
-                           tl.where(is_k, head - N_HEADS, 0))
-        slot = kv_head.to(tl.int64) * cache_head_stride + pos * HEAD_DIM + d
+        is_k = (valid & (head >= N_HEADS) & (head < N_HEADS + N_KV))[None, :] \
+            & in_cache[:, None]
+        is_v = (valid & (head >= N_HEADS + N_KV))[None, :] & in_cache[:, None]
+        kv_head = tl.where(head >= N_HEADS + N_KV, head - N_HEADS - N_KV,
+                           tl.where(head >= N_HEADS, head - N_HEADS, 0))
+        slot = (kv_head.to(tl.int64) * cache_head_stride + d)[None, :] \
+            + pos[:, None] * HEAD_DIM
         tl.store(k_cache_ptr + slot, lo, mask=is_k)
         tl.store(k_cache_ptr + slot + HALF, hi, mask=is_k)
         tl.store(v_cache_ptr + slot, lo, mask=is_v)
@@ -105,7 +113,9 @@ def qkv_rope(w: torch.Tensor | Int8Matrix, x: torch.Tensor, q: torch.Tensor,
     """q (n_heads * d,) = rotary(Wq xn); k_cache, v_cache (kv_heads, capacity, d): slot
     pos = rotary(Wk xn), Wv xn. w is the stacked (q; k; v) matrix, xn = RMSNorm(x) when
     `norm` is given; cos, sin (capacity, d) the rotary tables; pos a one-element
-    tensor. Where pos is not a slot of the cache, nothing is written to it."""
+    tensor. Where pos is not a slot of the cache, nothing is written to it. x (T,
+    hidden) and q (T, n_heads * d): a pass of T tokens at slots pos - T + 1 ... pos,
+    each against every weight tile while it is loaded."""
     w, scale = unpack(w)
     n_kv, capacity, head_dim = k_cache.shape
     rows = min(cos.shape[0], sin.shape[0])
@@ -119,7 +129,11 @@ def qkv_rope(w: torch.Tensor | Int8Matrix, x: torch.Tensor, q: torch.Tensor,
     if not all(t.is_contiguous() for t in tables):
         raise ValueError("the cache and the rotary tables must be contiguous")
     n_pairs = n_rows // 2
-    ws = workspace_for(config, n_pairs, k, 2, workspace, w.device)
+    tokens = tokens_of(x, k)
+    if q.numel() != tokens * n_heads * head_dim:
+        raise ValueError(f"q of {q.numel()} elements for {tokens} tokens of {n_heads} "
+                         f"heads of {head_dim}")
+    ws = workspace_for(config, n_pairs, k, 2, workspace, w.device, tokens)
     grid = config.grid(n_pairs, k)
     qkv_rope_kernel[grid](
         w, scale, x, norm, q, k_cache, v_cache, cos, sin, pos, ws.partials, ws.counters,
@@ -127,7 +141,7 @@ def qkv_rope(w: torch.Tensor | Int8Matrix, x: torch.Tensor, q: torch.Tensor,
         N_HEADS=n_heads, N_KV=n_kv, HEAD_DIM=head_dim, NORM=norm is not None,
         SCALED=scale is not None, K_NORM=triton.next_power_of_2(k), BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, N_TILES=config.tiles(k), SPLIT_K=grid[1], PDL=pdl,
-        **launch_options(config.num_warps, config.num_stages, pdl))
+        ROWS=tokens, **launch_options(config.num_warps, config.num_stages, pdl))
 
 
 def qkv_rope_reference(w, x, cos, sin, pos: int, *, n_heads: int, n_kv: int,

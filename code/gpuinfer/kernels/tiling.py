@@ -57,6 +57,33 @@ def default_configs(gpu: bool, weights: str = "bf16") -> dict[str, GemvConfig]:
             "lm_head": GemvConfig(8, 2048, 1, 4)}
 
 
+PASS_TILE = 16384  # weights a program holds through a pass: 32 KB of BF16
+
+
+def pass_configs(config, gpu: bool, weights: str = "bf16") -> dict[str, GemvConfig]:
+    """The products' tiling for passes of several tokens (a verify pass), for a model of
+    `config` (a transformers LlamaConfig): `default_configs` with every matrix in one
+    tile of all its columns, as few rows as keep the tile within PASS_TILE weights.
+    A pass multiplies each tile by every token's x while the tile is in registers
+    (`gemv.rows_dots`); a second tile would be read again for every token. On the
+    H200 the target of Chapter 6 took 538 µs a pass of 5 tokens with it, 673 with the
+    step's tiling (whose gate/up and down take two tiles), and 288 µs a step against
+    256 (probe spec_trace.py, 2026-12-04): a tiling for passes, not for steps."""
+    head_dim = getattr(config, "head_dim", None) or \
+        config.hidden_size // config.num_attention_heads
+    ks = {"qkv": config.hidden_size, "o": config.num_attention_heads * head_dim,
+          "gate_up": config.hidden_size, "down": config.intermediate_size,
+          "lm_head": config.hidden_size}
+    out = {}
+    for name, c in default_configs(gpu, weights).items():
+        block_k = triton.next_power_of_2(ks[name])
+        per_out = 2 if name in PAIRED else 1
+        rows = max(1, PASS_TILE // (block_k * per_out))
+        out[name] = GemvConfig(min(c.block_n, triton.next_power_of_2(rows)), block_k,
+                               1, c.num_warps)
+    return out
+
+
 def default_attention(gpu: bool, capacity: int = SHORT_CONTEXT) -> dict:
     """decode_attention's tiling for a cache of `capacity` slots. The split is fixed
     when a step is captured, so it is chosen for the longest context the cache holds:
