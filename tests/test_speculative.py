@@ -155,10 +155,3 @@ def test_a_clocked_generation_is_generate_with_its_loop_timed(models, prompt, k)
     assert torch.equal(spec.generate(prompt, NEW, k), tokens)  # and nothing changed
 
 
-@pytest.mark.gpu
-def test_a_clocked_graphed_generation_gives_the_targets_tokens(models, prompt):
-    _, spec = pair(*models, mode=runners.V9)
-    reference = runners.generate(StaticDecoder(models[0], 1, 64), prompt, NEW)
-    tokens, loop = spec.timed_generate(prompt, NEW, 3)
-    assert torch.equal(tokens, reference)
-    assert loop.passes == spec.passes and all(t > 0 for t in loop.pass_ms)

@@ -130,12 +130,14 @@ def on_kernels(target, draft) -> bool:
 
 
 class Speculative:
-    """Greedy speculative decoding of `target` with `draft` (StaticDecoders of two models with
-    one tokenizer, batch 1, the same capacity), `k` proposals a pass unless `generate` is
-    given another. `mode` (a `runners.Mode`) says how the draft's steps and the verify pass
-    run: compiled with its options or eager, and with `graph=BY_HAND` on a GPU each whole
-    pass one CUDA graph per k. A decoder of the book's interface (`decode.interface`):
-    its `decode_step` is one pass, and it shares the target's `tokens` and `pos`."""
+    """Greedy speculative decoding of `target` with `draft` (two TritonDecoders, or two
+    StaticDecoders, of two models with one tokenizer, batch 1, the same capacity), `k`
+    proposals a pass unless `generate` is given another. Two TritonDecoders run their
+    kernels, each whole pass one CUDA graph per k on a GPU. For StaticDecoders `mode` (a
+    `runners.Mode`) says how the draft's steps and the verify pass run: compiled with its
+    options or eager, and with `graph=BY_HAND` on a GPU each pass one CUDA graph per k. A
+    decoder of the book's interface (`decode.interface`): its `decode_step` is one pass,
+    and it shares the target's `tokens` and `pos`."""
 
     def __init__(self, target, draft, *, k: int = 4, mode: Mode = V4):
         if mode.graph == TREES:
@@ -193,7 +195,9 @@ class Speculative:
 
             if self.kernels:
                 compile_ahead(run)  # all the pass's kernels at once, none run
-            if self.target.pos.is_cuda and self.mode.graph == BY_HAND:
+            # Two TritonDecoders' kernels are launched from Python, a hundred a pass: on a
+            # GPU their pass is always a graph (the mode is Inductor's, for StaticDecoders).
+            if self.target.pos.is_cuda and (self.kernels or self.mode.graph == BY_HAND):
                 # A pass reads slot pos - 1 and writes up to k + 1 slots past pos.
                 run = graphed_step(self, run, warmup=2, span=k + 1, first_slot=1)
             self._passes[k] = run
