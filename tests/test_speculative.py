@@ -146,7 +146,7 @@ def test_cudagraph_trees_are_refused_for_a_pass(models):
         pair(*models, mode=runners.V8)
 
 
-# --- on Chapter 5's kernels: two TritonDecoders -----------------------------------------------
+# --- on Chapter 5's kernels: two TritonDecoders ---------------------------------------
 
 KERNEL_NEW = 12  # interpreted kernels are slow: a short generation
 

@@ -347,7 +347,7 @@ def test_the_steps_kernels_are_compiled_once_all_at_once(fp32_model, monkeypatch
     assert calls == [decoder.device_step]
 
 
-# --- passes of several tokens (issue 47): teacher forcing, verify, refresh -------------------
+# --- passes of several tokens (issue 47): teacher forcing, verify, refresh -----------
 
 def pass_tiling(name, model):
     """TritonDecoder options: the default tiling, the tiling for passes (one tile a
@@ -452,7 +452,8 @@ def decoder_state(decoder):
 
 def same_state(decoder, state) -> bool:
     now = decoder_state(decoder)
-    return now[:2] == state[:2] and all(torch.equal(a, b) for a, b in zip(now[2:], state[2:]))
+    return now[:2] == state[:2] and all(torch.equal(a, b)
+                                        for a, b in zip(now[2:], state[2:]))
 
 
 def test_passes_past_max_query_and_bad_pass_logits_are_refused_unchanged(fp32_model):
@@ -493,8 +494,6 @@ def test_passes_past_max_query_and_bad_pass_logits_are_refused_unchanged(fp32_mo
 def test_bf16_pass_logits_equal_graphed_steps_on_the_gpu():
     """On the GPU, compiled, with PDL: a pass's logits (tiled for passes) are the graphed
     step's to the bit, in BF16, for passes of 2 and 5 tokens."""
-    from gpuinfer.kernels.tiling import pass_configs
-
     model = small_llama(torch.bfloat16)
     decoder = TritonDecoder(model, capacity=32, max_query=5,
                             configs=pass_configs(model.config, True))
@@ -510,15 +509,12 @@ def test_bf16_pass_logits_equal_graphed_steps_on_the_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graphed"])
 def test_speculative_on_two_triton_decoders_gives_the_targets_tokens_on_the_gpu(
-        fp32_model, graph):
-    """Speculative greedy decoding on Chapter 5's kernels, FP32, passes eager and
-    captured by hand: the target alone's tokens, with a random draft and with the
+        fp32_model):
+    """Speculative greedy decoding on Chapter 5's kernels, FP32, each pass a CUDA graph
+    (compiled, with PDL): the target alone's tokens, with a random draft and with the
     target as its own draft (which commits k + 1 tokens every pass)."""
-    from gpuinfer.decode import runners
     from gpuinfer.decode.speculative import Speculative
-    from gpuinfer.kernels.tiling import pass_configs
 
     configs = pass_configs(fp32_model.config, True)
     draft_model = small_llama(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -526,13 +522,12 @@ def test_speculative_on_two_triton_decoders_gives_the_targets_tokens_on_the_gpu(
     prompt, new = prompt_of(9), 40
     alone = TritonDecoder(fp32_model, capacity=64, configs=configs).generate(prompt, new)
     assert len(set(alone[0].tolist())) > 5
-    mode = runners.V5 if graph else runners.V4
     for k in (1, 3):
         for name, drafted in (("random", draft_model), ("self", fp32_model)):
             target = TritonDecoder(fp32_model, capacity=64, max_query=k + 1,
                                    configs=configs)
             draft = TritonDecoder(drafted, capacity=64, max_query=2, configs=configs)
-            spec = Speculative(target, draft, k=k, mode=mode)
+            spec = Speculative(target, draft, k=k)
             assert torch.equal(spec.generate(prompt, new), alone), (k, name)
             if name == "self":
                 assert spec.passes == -(-(new - 1) // (k + 1)), k
