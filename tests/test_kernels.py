@@ -29,7 +29,7 @@ from gpuinfer.kernels import common  # noqa: E402
 from gpuinfer.kernels import quant  # noqa: E402
 from gpuinfer.kernels import qkv_rope as rotary  # noqa: E402
 from gpuinfer.kernels.gemv import GemvConfig, gemv, gemv_reference  # noqa: E402
-from gpuinfer.kernels.gemv import gemv_silu, gemv_silu_reference  # noqa: E402
+from gpuinfer.kernels.gemv import gemv_silu, gemv_silu_reference, tokens_of  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PDL = common.pdl_supported(DEVICE)  # on where it runs: an H100/H200
@@ -445,6 +445,317 @@ def test_int8_lm_head_argmax():
     ref_logits, _ = am.lm_head_argmax_reference(w, x)
     assert rel_err(logits, ref_logits) <= 1e-2
     assert tokens[1].item() == int(logits.float().argmax())
+
+
+# --------------------------------------------------------------------------------------
+# Passes: the T tokens at slots pos - T + 1 ... pos in one launch (a verify pass), each
+# token computed exactly as a one-token launch at its slot computes it (torch.equal)
+# --------------------------------------------------------------------------------------
+
+T = 3  # a pass's tokens: not a power of two, so the kernels' rows are padded (to 4)
+
+PASS_GEMV = [  # (N, K, config): each way `tile.rows_dots` takes a pass
+    (37, 100, GemvConfig(16, 128)),  # one tile spans x: kept, the next x loaded ahead
+    (37, 100, GemvConfig(16, 32)),  # four tiles: token after token
+    (37, 100, GemvConfig(16, 32, split_k=2)),  # split-K, two tiles a split
+    (37, 100, GemvConfig(16, 64, split_k=2)),  # split-K, one tile a split
+]
+
+
+def launches_by_token(launch, *passes):
+    """`launch(t, *rows)` once for each token t of a pass, on row t of each of `passes`
+    (their copies: the pass's own buffers are left to the pass)."""
+    copies = [p.clone() for p in passes]
+    for t in range(copies[0].shape[0]):
+        launch(t, *(c[t] for c in copies))
+    return copies
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("normed", [False, True], ids=["plain", "norm"])
+@pytest.mark.parametrize("n,k,config", PASS_GEMV)
+def test_gemv_pass_is_its_tokens_steps(n, k, config, normed, dtype):
+    """out += W @ [RMSNorm](x) for T tokens at once, the residual in place (as the
+    decoder adds it): each row the one-token launch's, to the bit."""
+    w, x = randn(n, k, dtype=dtype, seed=n + k), randn(T, k, dtype=dtype)
+    norm = randn(k, dtype=dtype, scale=0.1) + 1 if normed else None
+    res = randn(T, n, dtype=dtype)
+    out = res.clone()
+    (steps,) = launches_by_token(
+        lambda t, o: gemv(w, x[t], o, norm=norm, residual=o, config=config, pdl=PDL), out)
+    gemv(w, x, out, norm=norm, residual=out, config=config, pdl=PDL)
+    assert torch.equal(out, steps)
+    ref = gemv_reference(w, x[T - 1], norm=norm, residual=res[T - 1])
+    assert rel_err(out[T - 1], ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("n,k,config", [PASS_GEMV[0], PASS_GEMV[2], PASS_GEMV[3]])
+def test_int8_gemv_pass_is_its_tokens_steps(n, k, config):
+    w, x = int8(n, k, seed=n + k), randn(T, k, dtype=torch.bfloat16)
+    norm = randn(k, dtype=torch.bfloat16, scale=0.1) + 1
+    res = randn(T, n, dtype=torch.bfloat16)
+    out = poisoned(T, n, dtype=torch.bfloat16)
+    (steps,) = launches_by_token(
+        lambda t, o: gemv(w, x[t], o, norm=norm, residual=res[t], config=config,
+                          pdl=PDL), out)
+    gemv(w, x, out, norm=norm, residual=res, config=config, pdl=PDL)
+    assert torch.equal(out, steps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("n,k,config", [PASS_GEMV[0], PASS_GEMV[2]])
+def test_gemv_silu_pass_is_its_tokens_steps(n, k, config, dtype):
+    w, x = randn(2 * n, k, dtype=dtype, seed=n), randn(T, k, dtype=dtype, scale=0.5)
+    norm = randn(k, dtype=dtype, scale=0.1) + 1
+    out = poisoned(T, n, dtype=dtype)
+    (steps,) = launches_by_token(
+        lambda t, o: gemv_silu(w, x[t], o, norm=norm, config=config, pdl=PDL), out)
+    assert torch.equal(gemv_silu(w, x, out, norm=norm, config=config, pdl=PDL), steps)
+    assert rel_err(out[T - 1], gemv_silu_reference(w, x[T - 1], norm=norm)) <= TOL[dtype]
+
+
+def test_a_split_k_pass_needs_partials_for_every_token():
+    """A workspace sized for one token's split-K partials is refused for a pass of T
+    (workspace_for counts a row of partials per token), and a workspace sized for T
+    serves a pass and leaves its counters at zero."""
+    n, k, config = 37, 100, GemvConfig(16, 32, split_k=2)
+    blocks, splits = config.grid(n, k)
+    w, x = randn(n, k, seed=4), randn(T, k)
+    one = common.Workspace(DEVICE, blocks * splits * config.block_n, blocks)
+    with pytest.raises(ValueError, match="workspace too small"):
+        gemv(w, x, config=config, workspace=one)
+    ws = common.Workspace(DEVICE, blocks * splits * config.block_n * 4, blocks)
+    out = gemv(w, x, config=config, workspace=ws, pdl=PDL)
+    assert out.shape == (T, n) and torch.all(ws.counters == 0)
+    assert rel_err(out[2], gemv_reference(w, x[2])) <= 1e-5
+
+
+@pytest.mark.parametrize("x", [torch.zeros(1, T, 16), torch.zeros(T, 17),
+                               torch.zeros(16, T).t(), torch.zeros(())],
+                         ids=["3-d", "wrong-k", "not-contiguous", "0-d"])
+def test_tokens_of_refuses_other_shapes(x):
+    with pytest.raises(ValueError, match=r"x of shape .*\(16,\) or \(tokens, 16\)"):
+        tokens_of(x, 16)
+    with pytest.raises(ValueError, match="x of shape"):  # before any launch
+        gemv(torch.zeros(8, 16, device=DEVICE), x.to(DEVICE))
+    assert tokens_of(torch.zeros(16), 16) == 1 and tokens_of(torch.zeros(T, 16), 16) == T
+
+
+OUT_OF_SHAPE = ["gemv-out", "gemv-residual", "gemv_silu-out", "attention-out"]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 47: gemv, gemv_silu and decode_attention "
+                   "do not check out/residual against a pass's (T, N) shape; a (N,) "
+                   "buffer is written (or read) T rows long, past its end")
+@pytest.mark.parametrize("which", OUT_OF_SHAPE)
+def test_a_pass_into_a_one_token_buffer_is_refused(which):
+    """x of T tokens with an out (or residual) of one token's shape: refused with the
+    shapes named, before the kernel writes T rows into it. The buffers here are views
+    of longer ones, so that the writes the kernels make today land inside memory the
+    test owns."""
+    n, k = 16, 32
+    longer = torch.zeros(4096, device=DEVICE)  # longer than any pass writes here
+    one_row = longer[:n]
+    x = randn(T, k, seed=6)
+    with pytest.raises(ValueError, match="shape"):
+        if which == "gemv-out":
+            gemv(randn(n, k), x, one_row, config=GemvConfig(16, 32))
+        elif which == "gemv-residual":
+            gemv(randn(n, k), x, torch.zeros(T, n, device=DEVICE), residual=one_row,
+                 config=GemvConfig(16, 32))
+        elif which == "gemv_silu-out":
+            gemv_silu(randn(2 * n, k), x, one_row, config=GemvConfig(16, 32))
+        else:
+            q = randn(T, 4 * 16)
+            cache = randn(2, 8, 16)
+            at.decode_attention(q, cache, cache, torch.tensor([5], device=DEVICE),
+                                longer[: 4 * 16], n_split=1, block_s=16)
+    assert longer[n:].eq(0).all()  # nothing written past the buffer
+
+
+PASS_ROPE = [(GemvConfig(8, 64), 11), (GemvConfig(8, 32, split_k=2), T - 1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("config,pos", PASS_ROPE, ids=["one-tile-last-slot",
+                                                       "split-k-first-slot"])
+def test_qkv_rope_pass_is_its_tokens_steps(config, pos, dtype):
+    """Row t's query, key and value at slot pos - T + 1 + t, rotated at that position:
+    the same q rows and the same cache, every slot, as T one-token launches."""
+    heads, kv, d, k, capacity = 4, 2, 16, 64, 12
+    w = randn((heads + 2 * kv) * d, k, dtype=dtype, seed=pos)
+    x, norm = randn(T, k, dtype=dtype), randn(k, dtype=dtype, scale=0.1) + 1
+    cos, sin = rotary_tables(capacity, d, dtype)
+    q = poisoned(T, heads * d, dtype=dtype)
+    k_cache, v_cache = randn(kv, capacity, d, dtype=dtype), randn(kv, capacity, d,
+                                                                  dtype=dtype)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    (want_q,) = launches_by_token(
+        lambda t, qt: rotary.qkv_rope(w, x[t], qt, want_k, want_v, cos, sin,
+                                      torch.tensor([pos - T + 1 + t], device=DEVICE),
+                                      n_heads=heads, norm=norm, config=config, pdl=PDL),
+        q)
+    rotary.qkv_rope(w, x, q, k_cache, v_cache, cos, sin, torch.tensor([pos], device=DEVICE),
+                    n_heads=heads, norm=norm, config=config, pdl=PDL)
+    assert torch.equal(q, want_q)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    assert not torch.equal(k_cache[:, pos], k_cache[:, pos - 1])  # a test of something
+
+
+def test_qkv_rope_refuses_a_q_of_another_pass():
+    w, x = randn(8 * 16, 64, seed=1), randn(T, 64)
+    cos, sin = rotary_tables(8, 16, torch.float32)
+    cache = torch.zeros(2, 8, 16, device=DEVICE)
+    with pytest.raises(ValueError, match=f"q of 64 elements for {T} tokens"):
+        rotary.qkv_rope(w, x, torch.zeros(64, device=DEVICE), cache, cache.clone(), cos,
+                        sin, torch.tensor([4], device=DEVICE), n_heads=4)
+
+
+PASS_ATTENTION = [(1, 16, True), (1, 64, True), (4, 16, True), (4, 16, False)]
+
+
+@pytest.mark.parametrize("n_split,block_s,inline", PASS_ATTENTION,
+                         ids=["one-split-tiles", "one-split-one-tile", "split-inline",
+                              "split-combine-kernel"])
+def test_decode_attention_pass_is_its_tokens_steps(n_split, block_s, inline):
+    """Token t of the pass attends to the slots up to its own (pos - T + 1 + t): the
+    one-token launch's output at that slot, to the bit; passes whose slots open the
+    cache, straddle a tile's edge, and end it."""
+    heads, kv, d, capacity = 4, 2, 16, 40
+    q = randn(T, heads * d, seed=n_split + block_s)
+    k_cache, v_cache = randn(kv, capacity, d), randn(kv, capacity, d)
+    ws = at.AttentionWorkspace(DEVICE, kv, heads // kv, d, n_split, rows=T)
+    for pos in (T - 1, 17, capacity - 1):
+        out = poisoned(T, heads * d, dtype=torch.float32)
+        (steps,) = launches_by_token(
+            lambda t, o: at.decode_attention(
+                q[t], k_cache, v_cache, torch.tensor([pos - T + 1 + t], device=DEVICE),
+                o, n_split=n_split, block_s=block_s, inline_combine=inline, pdl=PDL), out)
+        at.decode_attention(q, k_cache, v_cache, torch.tensor([pos], device=DEVICE), out,
+                            n_split=n_split, block_s=block_s, inline_combine=inline,
+                            pdl=PDL, workspace=ws)
+        assert torch.equal(out, steps), pos
+        assert torch.all(ws.counters == 0), pos
+        ref = at.decode_attention_reference(q[0], k_cache, v_cache, pos - T + 1)
+        assert rel_err(out[0], ref) <= 1e-5, pos  # the first token sees no later slot
+
+
+def test_an_attention_workspace_for_fewer_tokens_is_refused():
+    q, cache = randn(T, 64, seed=2), randn(2, 16, 16)
+    ws = at.AttentionWorkspace(DEVICE, 2, 2, 16, 4, rows=T - 1)
+    with pytest.raises(ValueError, match=f"number of tokens \\({T - 1}, not {T}\\)"):
+        at.decode_attention(q, cache, cache, torch.tensor([8], device=DEVICE), n_split=4,
+                            block_s=16, workspace=ws)
+
+
+@pytest.mark.parametrize("pos", [T - 1, 7])
+def test_embed_pass_reads_the_tokens_at_its_slots(pos):
+    table = randn(50, 100, seed=pos)
+    tokens = torch.tensor([3, 41, 7, 0, 49, 12, 5, 30], device=DEVICE)
+    x = poisoned(T, 100, dtype=torch.float32)
+    (steps,) = launches_by_token(
+        lambda t, row: am.embed(table, tokens, torch.tensor([pos - T + 1 + t],
+                                                            device=DEVICE), row, block=64,
+                                pdl=PDL), x)
+    am.embed(table, tokens, torch.tensor([pos], device=DEVICE), x, block=64, pdl=PDL)
+    assert torch.equal(x, steps)
+    assert torch.equal(x, table[tokens[pos - T + 1: pos + 1]])
+
+
+# The lm_head of a pass: 100 logits in 4 blocks of 32, each token's maximum where the
+# test puts it: x_t = W[c_t] / g, so that RMSNorm(x_t) = rstd * W[c_t] and logit c_t is
+# |W[c_t]|^2 (times rstd) against the other rows' random products.
+VOCAB, HIDDEN, HEAD = 100, 48, GemvConfig(32, 64)
+CHOICES = (11, 57, 3, 80)  # blocks 0, 1, 0, 2
+
+
+def argmax_rows(choices, dtype=torch.float32):
+    w = randn(VOCAB, HIDDEN, dtype=dtype, seed=8)
+    norm = randn(HIDDEN, dtype=dtype, scale=0.1) + 1
+    x = torch.stack([(w[c].float() / norm.float()).to(dtype) for c in choices])
+    for c, row in zip(choices, x):  # each token's argmax is where it was put
+        assert am.lm_head_argmax_reference(w, row, norm=norm)[1] == c
+    return w, norm, x
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "reduce-kernel"])
+def test_lm_head_argmax_pass_is_its_tokens_steps(inline):
+    """Without `accept`: each row of logits the one-token launch's; the last token's
+    choice written after it, pos += 1, no other slot written."""
+    w, norm = randn(VOCAB, HIDDEN, seed=9), randn(HIDDEN, scale=0.1) + 1
+    x = randn(T, HIDDEN)
+    capacity, pos = 10, 6
+    tokens = torch.arange(capacity, device=DEVICE) + 500
+    logits = poisoned(T, VOCAB, dtype=torch.float32)
+    (steps,) = launches_by_token(
+        lambda t, row: am.lm_head_argmax(w, x[t], row, tokens.clone(),
+                                         torch.tensor([pos], device=DEVICE), norm=norm,
+                                         config=HEAD, inline=inline, pdl=PDL), logits)
+    at_pos = torch.tensor([pos], device=DEVICE)
+    ws = am.ArgmaxWorkspace(DEVICE, 4, block_r=2, rows=T)  # 4 blocks in 2 chunks
+    am.lm_head_argmax(w, x, logits, tokens, at_pos, norm=norm, config=HEAD,
+                      inline=inline, pdl=PDL, workspace=ws)
+    assert torch.equal(logits, steps)
+    want = torch.arange(capacity, device=DEVICE) + 500
+    want[pos + 1] = int(steps[T - 1].argmax())
+    assert torch.equal(tokens, want) and int(at_pos) == pos + 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "reduce-kernel"])
+def test_lm_head_argmax_accepts_proposals_up_to_the_first_disagreement(inline, dtype):
+    """A verify pass of 4 tokens at slots 3 ... 6 whose proposals (slots 4 ... 6) equal
+    the choices after the tokens before them for the first j, then do not: the choices
+    written at slots 4 ... 4 + j (the last the target's own), the rest left as they
+    were, pos moved to slot 4 + j (j = 3: every proposal and the bonus token)."""
+    rows = len(CHOICES)
+    w, norm, x = argmax_rows(CHOICES, dtype)
+    capacity, pos = 10, 6
+    first = pos - rows + 1
+    ws = am.ArgmaxWorkspace(DEVICE, 4, block_r=2, rows=rows)
+    for j in range(rows):
+        before = torch.arange(capacity, device=DEVICE) + 500
+        for i in range(rows - 1):  # the proposal after token i
+            before[first + 1 + i] = CHOICES[i] if i < j else (CHOICES[i] + 1) % VOCAB
+        tokens, at_pos = before.clone(), torch.tensor([pos], device=DEVICE)
+        logits = poisoned(rows, VOCAB, dtype=dtype)
+        am.lm_head_argmax(w, x, logits, tokens, at_pos, norm=norm, config=HEAD,
+                          inline=inline, accept=True, pdl=PDL, workspace=ws)
+        want = before.clone()
+        want[first + 1: first + j + 2] = torch.tensor(CHOICES[: j + 1])
+        assert torch.equal(tokens, want), j
+        assert int(at_pos) == first + j + 1, j
+        assert logits.argmax(-1).tolist() == list(CHOICES), j
+
+
+def test_an_accepted_pass_at_the_end_of_the_tokens_writes_nothing_past_them():
+    """Every proposal accepted at the last slot: the bonus token has no slot, none is
+    written past the tokens, and pos still moves past them (a replay's later steps
+    find it there and write nothing; the decoder's host count refuses them)."""
+    w, norm, x = argmax_rows(CHOICES[:T])
+    capacity = 8
+    buffer = torch.full((capacity + 2,), -7, device=DEVICE)
+    tokens = buffer[:capacity]
+    tokens[capacity - T + 1:] = torch.tensor(CHOICES[: T - 1])
+    pos = torch.tensor([capacity - 1], device=DEVICE)
+    am.lm_head_argmax(w, x, poisoned(T, VOCAB, dtype=torch.float32), tokens, pos,
+                      norm=norm, config=HEAD, accept=True, pdl=PDL)
+    assert tokens[capacity - T + 1:].tolist() == list(CHOICES[: T - 1])
+    assert buffer[capacity:].eq(-7).all() and int(pos) == capacity
+
+
+def test_an_argmax_workspace_for_fewer_tokens_is_refused():
+    w, x = randn(VOCAB, HIDDEN, seed=1), randn(T, HIDDEN)
+    tokens, pos = torch.zeros(8, device=DEVICE, dtype=torch.long), torch.tensor(
+        [4], device=DEVICE)
+    ws = am.ArgmaxWorkspace(DEVICE, 4, rows=T - 1)
+    with pytest.raises(ValueError, match=f"need {T} x 4"):
+        am.lm_head_argmax(w, x, poisoned(T, VOCAB, dtype=torch.float32), tokens, pos,
+                          config=HEAD, workspace=ws)
+    with pytest.raises(ValueError, match=f"logits of {VOCAB} elements for {T} x"):
+        am.lm_head_argmax(w, x, poisoned(VOCAB, dtype=torch.float32), tokens, pos,
+                          config=HEAD)
+    assert int(pos) == 4 and tokens.eq(0).all()
 
 
 # --------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from gpuinfer.decode.loops import decode_naive  # noqa: E402
 from gpuinfer.decode.triton_step import TritonDecoder  # noqa: E402
 from gpuinfer.kernels.gemv import GemvConfig  # noqa: E402
 from gpuinfer.kernels.quant import quantize_int8  # noqa: E402
+from gpuinfer.kernels.tiling import pass_configs  # noqa: E402
 from gpuinfer.model import cost  # noqa: E402
 from gpuinfer.model.configs import load_llama  # noqa: E402
 from gpuinfer.model.llama import INT8  # noqa: E402
@@ -344,3 +345,189 @@ def test_the_steps_kernels_are_compiled_once_all_at_once(fp32_model, monkeypatch
     decoder.generate(prompt_of(5), 3)
     decoder.step_function()
     assert calls == [decoder.device_step]
+
+
+# --- passes of several tokens (issue 47): teacher forcing, verify, refresh -----------
+
+def pass_tiling(name, model):
+    """TritonDecoder options: the default tiling, the tiling for passes (one tile a
+    program) with split attention, split-K with split attention; and (max_query, T)."""
+    split_attention = {"n_split": 2, "block_s": 16}
+    if name == "default":
+        return {"max_query": 4}, 4
+    if name == "pass-configs":
+        return {"max_query": 5, "configs": pass_configs(model.config, DEVICE == "cuda"),
+                "attention": split_attention}, 3
+    split = {n: GemvConfig(64, 16, split_k=3) for n in ("qkv", "o", "down")}
+    return {"max_query": 5, "configs": split, "inline_argmax": True,
+            "attention": {"n_split": 4, "block_s": 16}}, 5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tiling", ["default", "pass-configs", "split-k"])
+def test_pass_logits_are_step_logits_to_the_bit(tiling, dtype):
+    """T tokens teacher-forced in one pass: each token's logits exactly those of T
+    `step_logits` calls, the same cache, the last token's choice after it."""
+    model = small_llama(dtype)
+    options, query = pass_tiling(tiling, model)
+    decoder = TritonDecoder(model, capacity=16, **options)
+    sequence, start = prompt_of(12, seed=3), 6
+    decoder.prefill(sequence[:, :start])
+    steps = torch.stack([decoder.step_logits(sequence[0, p])[0]
+                         for p in range(start, start + query)])[None]
+    caches = decoder.k_cache.clone(), decoder.v_cache.clone()
+    decoder.prefill(sequence[:, :start])
+    rows = decoder.pass_logits(sequence[:, start: start + query])
+    assert rows.shape == (1, query, 512)
+    assert torch.equal(rows, steps)
+    assert torch.equal(decoder.k_cache, caches[0]) and torch.equal(decoder.v_cache,
+                                                                   caches[1])
+    end = start + query
+    assert int(decoder.pos) == decoder.host_pos == end
+    assert torch.equal(decoder.tokens[0, start: end], sequence[0, start: end])
+    assert int(decoder.tokens[0, end]) == int(steps[0, -1].argmax())
+
+
+def test_a_verify_pass_of_the_models_own_continuation_commits_every_token(fp32_model):
+    """Proposals that are the model's greedy continuation: all accepted, the bonus
+    token written after them, pos on it; a wrong proposal: the ones before it kept,
+    the model's own token in its place, pos there. Then steps continue the greedy
+    text: the pass left the cache as steps would have."""
+    prompt, query = prompt_of(9), 4
+    decoder = TritonDecoder(fp32_model, capacity=24, max_query=query)
+    greedy = decoder.generate(prompt, 8).to(DEVICE)[0]  # slots 9 ... 16
+    start = prompt.shape[1]
+    for wrong in (None, 2):  # the proposal at slot start + 2 wrong: one accepted
+        decoder.prefill(prompt)
+        proposals = greedy[1: query].clone()
+        if wrong is not None:
+            proposals[wrong - 1] = (proposals[wrong - 1] + 1) % 512
+        decoder.tokens[0, start + 1: start + query] = proposals
+        decoder.pos.fill_(start + query - 1)
+        decoder.verify_step(query)
+        committed = query if wrong is None else wrong  # slots start + 1 ... start + n
+        assert int(decoder.pos) == start + committed, wrong
+        assert torch.equal(decoder.tokens[0, start: start + committed + 1],
+                           greedy[: committed + 1]), wrong
+        assert torch.equal(decoder.tokens[0, start + committed + 1: start + query],
+                           proposals[committed:]), wrong  # past pos: left as they were
+        for _ in range(8 - committed - 1):
+            decoder.device_step()
+        assert torch.equal(decoder.tokens[0, start: start + 8], greedy), wrong
+
+
+def test_a_refresh_step_is_a_step_that_recomputes_the_slot_before(fp32_model):
+    """refresh_step: slots pos - 1 and pos in one pass, the choice after pos, pos += 1.
+    With the cache's slot pos - 1 wiped, it gives both steps' logits, and the cache
+    and tokens the two steps leave."""
+    sequence, start = prompt_of(12, seed=7), 6
+    decoder = TritonDecoder(fp32_model, capacity=16, max_query=2)
+    decoder.prefill(sequence[:, :start])
+    first = decoder.step_logits(sequence[0, start])
+    second = decoder.step_logits(sequence[0, start + 1])
+    want = decoder.k_cache.clone(), decoder.v_cache.clone(), decoder.tokens.clone()
+    decoder.prefill(sequence[:, :start])
+    decoder.step_logits(sequence[0, start])
+    decoder.k_cache[:, :, start] = float("nan")  # slot pos - 1, as a draft may not have it
+    decoder.v_cache[:, :, start] = float("nan")
+    decoder.tokens[0, start + 1] = sequence[0, start + 1]
+    decoder.refresh_step()
+    assert int(decoder.pos) == start + 2
+    assert torch.equal(decoder.all_logits[:2], torch.cat([first, second]))
+    assert torch.equal(decoder.logits, first[0])  # row 0: the step's own buffer
+    assert torch.equal(decoder.k_cache, want[0]) and torch.equal(decoder.v_cache, want[1])
+    assert torch.equal(decoder.tokens, want[2])
+
+
+@pytest.mark.parametrize("max_query", [0, 18, True, 2.0, "4"])
+def test_max_query_out_of_range_is_refused(fp32_model, max_query):
+    with pytest.raises(ValueError, match=f"max_query={max_query!r}: .* 1 ... 17"):
+        TritonDecoder(fp32_model, capacity=16, max_query=max_query)
+
+
+def decoder_state(decoder):
+    return (int(decoder.pos), decoder.host_pos, decoder.tokens.clone(),
+            decoder.k_cache.clone(), decoder.v_cache.clone())
+
+
+def same_state(decoder, state) -> bool:
+    now = decoder_state(decoder)
+    return now[:2] == state[:2] and all(torch.equal(a, b)
+                                        for a, b in zip(now[2:], state[2:]))
+
+
+def test_passes_past_max_query_and_bad_pass_logits_are_refused_unchanged(fp32_model):
+    decoder = TritonDecoder(fp32_model, capacity=16, max_query=3)
+    with pytest.raises(ValueError, match="no prompt yet"):
+        decoder.pass_logits(prompt_of(2))
+    sequence = prompt_of(16, seed=2)
+    decoder.prefill(sequence[:, :13])
+    state = decoder_state(decoder)
+    refusals = [
+        (lambda: decoder.device_pass(4), ValueError, r"a pass of 4 tokens: this decoder "
+                                                     r"takes 1 \.\.\. 3"),
+        (lambda: decoder.verify_step(4), ValueError, "a pass of 4 tokens"),
+        (lambda: decoder.device_pass(0), ValueError, "a pass of 0 tokens"),
+        (lambda: decoder.pass_logits(sequence[:, :4]), ValueError,
+         r"ids of shape \(1, 4\): \(1, T\) with T in 1 \.\.\. 3"),
+        (lambda: decoder.pass_logits(sequence[:, :2].repeat(2, 1)), ValueError,
+         r"ids of shape \(2, 2\)"),
+        (lambda: decoder.pass_logits(torch.tensor([[3, 512]])), IndexError,
+         r"ids id 512 is outside the vocabulary \[0, 512\)"),
+        (lambda: decoder.pass_logits(torch.tensor([[-1, 3]])), IndexError, "ids id -1"),
+        (lambda: decoder.pass_logits(torch.tensor([[1.0, 2.0]])), TypeError,
+         "ids of dtype torch.float32"),
+        (lambda: decoder.pass_logits(torch.zeros(1, 0, dtype=torch.long)), ValueError,
+         r"ids of shape \(1, 0\)"),
+        (lambda: decoder.pass_logits(sequence[:, 13:16]), IndexError,  # its choice: 16
+         "a step at pos 13 writes slot 16, past the decoder's capacity of 16"),
+    ]
+    for call, error, message in refusals:
+        with pytest.raises(error, match=message):
+            call()
+        assert same_state(decoder, state), message
+    rows = decoder.pass_logits(sequence[:, 13:15])  # the longest that fits: choice at 15
+    assert rows.shape == (1, 2, 512) and int(decoder.pos) == decoder.host_pos == 15
+
+
+@pytest.mark.gpu
+def test_bf16_pass_logits_equal_graphed_steps_on_the_gpu():
+    """On the GPU, compiled, with PDL: a pass's logits (tiled for passes) are the graphed
+    step's to the bit, in BF16, for passes of 2 and 5 tokens."""
+    model = small_llama(torch.bfloat16)
+    decoder = TritonDecoder(model, capacity=32, max_query=5,
+                            configs=pass_configs(model.config, True))
+    assert decoder.pdl == (torch.cuda.get_device_capability()[0] >= 9)
+    sequence = prompt_of(24, seed=5)
+    for query in (5, 2):
+        decoder.prefill(sequence[:, :10])
+        steps = torch.stack([decoder.step_logits(sequence[0, p], graph=True)[0]
+                             for p in range(10, 10 + query)])[None]
+        decoder.prefill(sequence[:, :10])
+        rows = decoder.pass_logits(sequence[:, 10: 10 + query])
+        assert torch.equal(rows, steps), (query, (rows.float() - steps.float()).abs().max())
+
+
+@pytest.mark.gpu
+def test_speculative_on_two_triton_decoders_gives_the_targets_tokens_on_the_gpu(
+        fp32_model):
+    """Speculative greedy decoding on Chapter 5's kernels, FP32, each pass a CUDA graph
+    (compiled, with PDL): the target alone's tokens, with a random draft and with the
+    target as its own draft (which commits k + 1 tokens every pass)."""
+    from gpuinfer.decode.speculative import Speculative
+
+    configs = pass_configs(fp32_model.config, True)
+    draft_model = small_llama(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=1)
+    prompt, new = prompt_of(9), 40
+    alone = TritonDecoder(fp32_model, capacity=64, configs=configs).generate(prompt, new)
+    assert len(set(alone[0].tolist())) > 5
+    for k in (1, 3):
+        for name, drafted in (("random", draft_model), ("self", fp32_model)):
+            target = TritonDecoder(fp32_model, capacity=64, max_query=k + 1,
+                                   configs=configs)
+            draft = TritonDecoder(drafted, capacity=64, max_query=2, configs=configs)
+            spec = Speculative(target, draft, k=k)
+            assert torch.equal(spec.generate(prompt, new), alone), (k, name)
+            if name == "self":
+                assert spec.passes == -(-(new - 1) // (k + 1)), k
