@@ -72,7 +72,9 @@ class TritonDecoder:
     argmax (off by default: 16,032 programs arriving at one counter cost the H200
     about 90 µs); `attention`: {n_split, block_s, num_warps} over `default_attention`
     (which picks the split by the capacity);
-    `weights`: the format the step's matrices are stored in (`AS_STORED`, `INT8`).
+    `weights`: the format the step's matrices are stored in (`AS_STORED`, `INT8`);
+    `max_query`: the most tokens a pass takes (`device_pass`, `verify_step`: Chapter 6's
+    verify passes; its buffers hold a row per token, row 0 a step's).
     `model`: a LlamaForCausalLM or a checkpoint folder (`model.configs.load_llama`),
     loaded on `device` (default: where the kernels run, the GPU unless they are
     interpreted).

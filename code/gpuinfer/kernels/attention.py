@@ -1,4 +1,6 @@
-"""Decode attention at batch 1: one query per head over the cache slots 0..pos.
+"""Decode attention at batch 1: one query per head over the cache slots 0..pos (a pass
+of T tokens: grid axis 2 is the token, each token's programs those of a step at its own
+slot, the pass's slots before it loaded after the PDL wait).
 
 Split-KV ("flash-decoding"): program (h, s) takes key/value head h with all of its
 `group` query heads at once (grouped-query attention: the keys and values are read

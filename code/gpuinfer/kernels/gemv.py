@@ -6,7 +6,7 @@ columns; what matters is how many programs stream at once and how soon each star
 
 - Under Programmatic Dependent Launch a kernel starts while the previous one
   finishes. The weights do not depend on the previous kernel, only x does: each
-  program loads its first weight tile (`prefetch`) *before* the PDL wait
+  program loads its first weight tile (`tile.prefetch`) *before* the PDL wait
   (`pdl_wait`). With `block_k >= K / split_k` that tile is the program's whole slice,
   all of it in flight before the previous kernel ends.
 - `split_k` cuts the columns into ranges, one program each, so that a small matrix
@@ -17,8 +17,10 @@ columns; what matters is how many programs stream at once and how soon each star
   2048 elements from L2), a residual add in the epilogue, and SiLU(gate) * up for the
   stacked gate/up matrix, whose paired rows each program computes together.
 - Weights may be int8 with a scale per row (`gpuinfer.kernels.quant`): the tile is
-  loaded as int8, widened in registers (`widen`, without a conversion instruction),
-  and each row's sum multiplied by its scale.
+  loaded as int8, widened in registers (`tile.widen`, without a conversion
+  instruction), and each row's sum multiplied by its scale.
+- A pass: x of T rows (a verify pass's tokens), each multiplied by the tile while it
+  is in registers (`tile.rows_dots`), the T results stored together.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def pass_configs(config, gpu: bool, weights: str = "bf16") -> dict[str, GemvConf
     `config` (a transformers LlamaConfig): `default_configs` with every matrix in one
     tile of all its columns, as few rows as keep the tile within PASS_TILE weights.
     A pass multiplies each tile by every token's x while the tile is in registers
-    (`gemv.rows_dots`); a second tile would be read again for every token. On the
+    (`tile.rows_dots`); a second tile would be read again for every token. On the
     H200 the target of Chapter 6 took 538 µs a pass of 5 tokens with it, 673 with the
     step's tiling (whose gate/up and down take two tiles), and 288 µs a step against
     256 (probe spec_trace.py, 2026-12-04): a tiling for passes, not for steps."""
