@@ -69,6 +69,9 @@ def jupyter_book_build(root: Path, out: Path | None = None) -> Build:
     return Build((out or root) / "_build" / "html", log, seconds)
 
 
+BUILD_SECONDS = []  # the session's build of the book, for the end of the run to print
+
+
 @pytest.fixture(scope="session")
 def book_build(tmp_path_factory) -> Build:
     """The real book, built once per test session from a clean _build into a temporary
@@ -76,7 +79,16 @@ def book_build(tmp_path_factory) -> Build:
     out = tmp_path_factory.mktemp("book")
     built = jupyter_book_build(ROOT, out)
     (out / "build.log").write_text(built.log, encoding="utf8")
+    BUILD_SECONDS.append(built.seconds)
     return built
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The seconds the book's build took, printed, never asserted: a benchmark (the README
+    keeps it), which a busy machine slows without anything being wrong."""
+    for seconds in BUILD_SECONDS:
+        terminalreporter.write_line(f"jupyter-book build of the book, from a clean _build: "
+                                    f"{seconds:.1f} s")
 
 
 @pytest.fixture(scope="session")

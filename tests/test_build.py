@@ -1,15 +1,18 @@
 """Building the site from the GPU recordings, on a machine without a GPU.
 
 - the real book: with every recording fresh, `jupyter-book build` executes no cell, warns
-  about nothing, renders every TOC page with its figures, leaves `git status` unchanged,
-  and takes at most BUILD_TARGET_S seconds;
+  about nothing, renders every TOC page with its figures and leaves `git status`
+  unchanged; its seconds are printed (the README keeps them), never asserted: on a busy
+  machine a build is slower, not wrong;
 - the mechanism, on the fixture book recorded with --allow-cpu (accepted there through
   `gpuinfer_accept_cpu_recordings`): fresh chapters come from the recordings, a stale, a
   corrupt or an unfinished one is executed on the CPU with a banner and a warning naming
   the fix, and an incremental build picks up a re-recording;
-- what a build refuses, with one line: an artifacts folder in the book's chapters (where a
-  preview would overwrite the recorded traces) or a relative one, and a book whose TOC or
-  pages cannot be read.
+- what a build refuses, with one line: an artifacts folder in or around any book (where a
+  preview would overwrite recorded traces, this book's or another's) or the package, or a
+  relative one, and a book whose TOC or pages cannot be read
+  (`python -m gpuinfer.publish.build` checks the TOC before `jupyter-book build` reads
+  it).
 """
 
 import json
@@ -23,11 +26,11 @@ from pathlib import Path
 import pytest
 
 from conftest import jupyter_book_build, recorded_files
+from test_recordings import UNREADABLE
 from gpuinfer.publish import book, record, recordings
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).parent / "fixtures" / "book"
-BUILD_TARGET_S = 60  # from a clean _build, on the 2-core CPU machine
 
 
 def executed(log: str) -> list[str]:
@@ -74,8 +77,7 @@ def test_book_builds_from_the_recordings_without_executing(request):
 
     built = request.getfixturevalue("book_build")  # the session's one build of the book
     log, seconds, html = built.log, built.seconds, built.html
-    print(f"\njupyter-book build from a clean _build: {seconds:.1f} s "
-          f"(target {BUILD_TARGET_S} s)")
+    print(f"\njupyter-book build from a clean _build: {seconds:.1f} s")
 
     assert executed(log) == [], "the build executed notebooks"
     assert log.count("Using cached notebook") == len(statuses)
@@ -88,7 +90,17 @@ def test_book_builds_from_the_recordings_without_executing(request):
         assert images(html, docname), f"{docname}: its figures are not on the page"
     if in_git:
         assert git(ROOT, "status", "--porcelain") == before, "the build changed the git tree"
-    assert seconds <= BUILD_TARGET_S, f"the build took {seconds:.0f} s"
+
+
+def test_the_build_reads_no_virtual_environment():
+    """scripts/install makes .venv in the book's folder where the system's Python takes no
+    pip installs: Sphinx must not read its thousands of files as pages (it stops on the
+    first it cannot parse)."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf8"))
+    assert ".venv" in config.get("exclude_patterns", []), (
+        "_config.yml: add .venv to exclude_patterns")
 
 
 # --- the mechanism, on the fixture book ----------------------------------------------------
@@ -266,11 +278,15 @@ def test_pages_glue_their_peak_and_the_reproduce_page_names_the_hosts(tmp_path):
 
 # --- what a build refuses -----------------------------------------------------------------
 
-def failed_build(root: Path, **env) -> str:
-    """`jupyter-book build` expected to fail at its start: the error line it ends with."""
-    proc = subprocess.run([sys.executable, "-c", "from jupyter_book.cli.main import main; "
-                           "main()", "build", str(root)], cwd=root, capture_output=True,
-                          text=True, env={**os.environ, **env})
+JUPYTER_BOOK = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
+                "build"]
+BUILD = [sys.executable, "-m", "gpuinfer.publish.build"]  # the book checked, then the above
+
+
+def failed_build(root: Path, command: list[str] = JUPYTER_BOOK, **env) -> str:
+    """A build expected to fail at its start: the error line it ends with."""
+    proc = subprocess.run(command + [str(root)], cwd=root, capture_output=True, text=True,
+                          env={**os.environ, **env})
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     return proc.stderr.strip().splitlines()[-1]
@@ -309,23 +325,59 @@ CODE = Path(book.__file__).resolve().parents[2]  # code/, the package's sources
 
 @pytest.mark.parametrize("artifacts", [
     "{root}", "{root}/_build/traces", "{root}/book", "{root}/book/_recorded/x", "{root}/..",
-    "/", "{code}", "{code}/gpuinfer", "{code}/gpuinfer/publish", "{code}/..", "leak"])
-def test_an_artifacts_folder_in_or_around_the_book_or_the_package_is_refused(tmp_path,
-                                                                               artifacts):
+    "/", "{code}", "{code}/gpuinfer", "{code}/gpuinfer/publish", "{code}/..", "leak",
+    "{other}", "{other}/book/_recorded", "{other}/book/_recorded/ch_a", "{other}/_build/x",
+    "{loose}", "{loose}/x", "{shelf}", "{tmp}"])
+def test_an_artifacts_folder_in_or_around_a_book_or_the_package_is_refused(tmp_path,
+                                                                             artifacts):
     """A preview writes a folder per chapter under GPUINFER_ARTIFACTS: refused in the
-    book's root, its chapters or recordings, the package's sources, or a folder holding
-    the book or the package (a preview would write among them); one line naming the value
-    and where to point it. Unset, or a folder apart from both: accepted."""
-    root = tmp_path / "repo"
+    book's root, its chapters or recordings, the package's sources, any other book (a
+    folder holding a _toc.yml, or a _recorded: `loose` holds one with no TOC beside it),
+    or a folder holding any of them (`shelf` holds a book three levels down); one line
+    naming the value, the folder it meets and where to point it. Unset, or a folder apart
+    from all of them: accepted."""
+    root, other = tmp_path / "repo", tmp_path / "other"
     (root / "book").mkdir(parents=True)
-    value = artifacts.format(root=root, code=CODE)
+    (other / "book" / "_recorded" / "ch_a").mkdir(parents=True)
+    (other / "_toc.yml").write_text("format: jb-book\nroot: book/intro\n")
+    loose = tmp_path / "loose"
+    (loose / "_recorded").mkdir(parents=True)
+    shelf = tmp_path / "shelf"
+    (shelf / "a" / "b" / "c" / "_recorded").mkdir(parents=True)
+    value = artifacts.format(root=root, code=CODE, other=other, loose=loose, shelf=shelf,
+                             tmp=tmp_path)
     with pytest.raises(book.BookError) as caught:
         book.check_artifacts_env(root, value)
     line = str(caught.value)
     assert line.startswith(f"GPUINFER_ARTIFACTS={value} ") and "\n" not in line
-    assert "unset it" in line and "absolute folder outside the book and the package" in line
-    for fine in (None, "", str(tmp_path / "artifacts")):
+    assert "unset it" in line and "absolute folder outside every book and the package" in line
+    if artifacts.startswith(("{other}", "{loose}", "{shelf}")):
+        assert "which holds _recorded (a book)" in line or "which holds _toc.yml (a book)" \
+            in line, line
+    for fine in (None, "", str(tmp_path / "artifacts"), str(shelf / "a" / "elsewhere")):
         book.check_artifacts_env(root, fine)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("into", ["book/_recorded", "."])
+def test_a_preview_never_writes_into_another_books_recordings(recorded_fixture, tmp_path,
+                                                              into):
+    """Two books side by side, both recorded: a build of A, whose ch_a is stale (a preview
+    would write its trace), with GPUINFER_ARTIFACTS in B is refused, in one line naming B's
+    folder; B is left byte for byte, and still fresh."""
+    a = Path(shutil.copytree(recorded_fixture, tmp_path / "a"))
+    b = Path(shutil.copytree(recorded_fixture, tmp_path / "b"))
+    ch_a = a / "book" / "ch_a.md"
+    ch_a.write_text(ch_a.read_text().replace("answer = sum(range(10))",
+                                             "answer = sum(range(10)) + 0"))
+    before = {path: path.read_bytes() for path in sorted(b.rglob("*")) if path.is_file()}
+    value = str((b / into).resolve())
+    line = failed_build(a, GPUINFER_ARTIFACTS=value)
+    assert line.startswith(f"error: GPUINFER_ARTIFACTS={value} ") and "unset it" in line
+    assert str(b.resolve()) in line
+    assert {path: path.read_bytes() for path in sorted(b.rglob("*")) if path.is_file()} \
+        == before
+    assert all(recordings.status(b, ch, accept_cpu=True).fresh for ch in ("ch_a", "ch_b"))
 
 
 @pytest.mark.slow
@@ -361,15 +413,34 @@ def test_a_presentation_cell_that_touches_the_gpu_stops_the_build(recorded_fixtu
                     "GPU or time anything; move that into a measurement cell")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", ["not-utf8", "front-matter", "outside", "two-named-alike",
-                                  "toc-missing-page", "toc-nul-byte"])
-def test_an_unreadable_book_stops_the_build_with_one_line(case, tmp_path):
-    from test_recordings import UNREADABLE
+@pytest.mark.parametrize("case", UNREADABLE)
+def test_an_unreadable_book_stops_the_build_command_with_one_line(case, tmp_path,
+                                                                  monkeypatch, capsys):
+    """Every book the record command refuses, the build command refuses with the same
+    line, before `jupyter-book build` reads the TOC (which would stop with a traceback)."""
+    from gpuinfer.publish import build
 
     damage, said = UNREADABLE[case]
     root = Path(shutil.copytree(FIXTURE, tmp_path / "book",
                                 ignore=shutil.ignore_patterns("_build", "_recorded")))
     damage(root)
-    line = failed_build(root)
+    monkeypatch.chdir(root)
+    assert build.main(["."]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and said in err and err.count("\n") == 1, err
+    assert not (root / "_build").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, command", [
+    ("toc-plain-string", "build"), ("toc-unknown-key", "build"), ("not-utf8", "build"),
+    ("toc-missing-page", "jupyter-book"), ("toc-nul-byte", "jupyter-book")])
+def test_an_unreadable_book_stops_the_build_with_one_line(case, command, tmp_path):
+    """The build command, and `jupyter-book build` on a TOC its own reader takes: one
+    line, no traceback."""
+    damage, said = UNREADABLE[case]
+    root = Path(shutil.copytree(FIXTURE, tmp_path / "book",
+                                ignore=shutil.ignore_patterns("_build", "_recorded")))
+    damage(root)
+    line = failed_build(root, BUILD if command == "build" else JUPYTER_BOOK)
     assert line.startswith("error: ") and said in line

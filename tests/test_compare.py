@@ -15,8 +15,8 @@ def notebook(path, gpu, values):
                 "metadata": {"scrapbook": {"name": name, "mime_prefix": GLUE[:-10]}}}
                for name, text in values.items()]
     outputs.append({"output_type": "stream", "name": "stdout", "text": "not glued\n"})
-    nb = {"cells": [{"cell_type": "code", "source": "", "metadata": {}, "outputs": outputs,
-                     "execution_count": 1}],
+    nb = {"cells": [{"cell_type": "code", "id": "glued", "source": "", "metadata": {},
+                     "outputs": outputs, "execution_count": 1}],
           "metadata": {"gpuinfer": {"gpu": gpu, "torch": "2.11.0", "date": "2026-11-29"}},
           "nbformat": 4, "nbformat_minor": 5}
     path.write_text(json.dumps(nb))

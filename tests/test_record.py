@@ -7,6 +7,7 @@ kept) and ch_b (one cell). On this CPU machine they are recorded with --allow-cp
 recordings, into a copy of the fixture under tmp_path; the real book is never touched.
 """
 
+import errno
 import json
 import os
 import re
@@ -561,6 +562,66 @@ def test_a_fault_between_the_two_renames_keeps_the_previous_pair(book, capsys, m
     assert "the previous recording is kept" in out
     assert recorded_files(book) == before
     assert recordings.status(book, "ch_a", accept_cpu=True).fresh
+
+
+class FullDisk:
+    """A file being written on a full disk: each write raises ENOSPC, without a file name,
+    as the system gives it."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+@pytest.mark.slow
+def test_a_full_disk_names_the_path_that_filled(book, capsys, monkeypatch):
+    """The disk fills as the new recording is staged: the message names the file whose
+    write filled it and the fix; the previous recording stays, byte for byte."""
+    from gpuinfer.publish import store
+
+    before = recorded_files(book)
+    real = open
+
+    def full_open(file, mode="r", *args, **kwargs):
+        f = real(file, mode, *args, **kwargs)
+        return f if "r" in mode else FullDisk(f)
+
+    monkeypatch.setattr(store, "open", full_open, raising=False)
+    assert record.main(["--root", str(book), "--allow-cpu", "ch_a"]) == 1
+    out = capsys.readouterr().out
+    staged = book / "book" / "_recorded" / ".ch_a.new.tmp"
+    said = re.search(r"\(No space left on device: (\S+); free some space on the disk that "
+                     r"holds it, then record again\); the previous recording is kept", out)
+    assert said, out
+    assert Path(said.group(1)).parent == staged
+    assert recorded_files(book) == before and no_scratch_files(book)
+
+
+@pytest.mark.slow
+def test_the_summary_counts_only_the_recordings(book, capsys):
+    """A file put beside the recordings (notes, a download) is not counted: the summary
+    says what this run wrote and what all the recordings hold."""
+    folder = book / "book" / "_recorded"
+    (folder / "notes.bin").write_bytes(b"x" * 3_000_000)
+    assert record.main(["--root", str(book), "--allow-cpu", "ch_b"]) == 0
+    out = capsys.readouterr().out
+    sizes = {name: len(data) for name, data in recorded_files(book).items()}
+    ch_b = sum(size for name, size in sizes.items() if name.startswith("ch_b"))
+    total = sum(size for name, size in sizes.items() if name != "notes.bin")
+    assert f"| ch_b | recorded (CPU smoke recording), {ch_b / 1e6:.2f} MB |" in out
+    assert (f"This run wrote {ch_b / 1e6:.2f} MB; all recordings together: "
+            f"{total / 1e6:.2f} MB\n") in out
 
 
 def test_an_unfinished_write_reads_as_such_and_recover_finishes_it(book, capsys):

@@ -5,8 +5,10 @@ Fails, naming the chapter and the command that re-records it, when a recording i
 stale (the chapter's code cells, the gpuinfer modules it imports or its artifacts changed
 since), corrupt, unfinished, or a CPU smoke recording. Recording needs the GPU: see
 README.md, "Recording on a GPU". A book that cannot be read (a page that is not UTF-8,
-front matter that is not YAML, a TOC entry outside the book, two chapters with one name)
-fails one test with the one line that names the file and the fix, not the collection.
+front matter that is not YAML, a TOC that is not YAML or not one Jupyter Book reads, a TOC
+entry outside the book, two chapters with one name) fails one test with the one line that
+names the file and the fix, not the collection. `python -m gpuinfer.publish.recordings`
+prints every chapter's state.
 """
 
 import shutil
@@ -57,6 +59,23 @@ def test_nothing_is_left_over_in_the_recordings():
     assert not extra, (f"book/_recorded holds {', '.join(extra)}: `python -m "
                        "gpuinfer.publish.record --recover` finishes or removes what an "
                        "interrupted recording left; remove anything else")
+
+
+def test_the_freshness_command_names_every_chapter_and_its_state(tmp_path, capsys):
+    """`python -m gpuinfer.publish.recordings`: a line per chapter, its state first, then a
+    count; exit 1 unless every chapter is fresh, 2 (one line) for a book it cannot read."""
+    root = fixture_copy(tmp_path)
+    assert recordings.main(["--root", str(root)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("missing    chapter ch_a has no valid GPU recording: there "
+                               "is no recording book/_recorded/ch_a.ipynb")
+    assert lines[1].startswith("missing    chapter ch_b ")
+    assert lines[2:] == ["0 of 2 chapters fresh; re-record ch_a, ch_b"]
+    (root / "_toc.yml").write_text("book/intro\n")
+    assert recordings.main(["--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "_toc.yml is not a Jupyter Book" in err
+    assert err.count("\n") == 1
 
 
 # --- a book that cannot be read: one line, naming the file and the fix --------------------
@@ -112,6 +131,12 @@ def _not_a_toc(root):
     (root / "_toc.yml").write_text("- book/ch_a\n")
 
 
+def _toc_is(text: str):
+    def damage(root):
+        (root / "_toc.yml").write_text(text)
+    return damage
+
+
 def _toc_with(chapters: str):
     def damage(root):
         (root / "_toc.yml").write_text(f"format: jb-book\nroot: book/intro\nchapters:\n"
@@ -141,6 +166,18 @@ UNREADABLE = {
                                 "the entry chapters[0] is 'book/ch_a', not a mapping"),
     "toc-entry-without-file": (_toc_with("  - title: A\n"),
                                "the entry chapters[0] ({'title': 'A'}) has no file: key"),
+    "toc-plain-string": (_toc_is("book/intro\n"), "_toc.yml is not a Jupyter Book table of "
+                         "contents (it holds 'book/intro', not key: value lines)"),
+    "toc-empty": (_toc_is(""), "(it is empty): it needs a 'root:' page"),
+    "toc-no-root": (_toc_is("format: jb-book\nchapters:\n  - file: book/ch_a\n"),
+                    "(it has no root: key): it needs a 'root:' page"),
+    # what YAML and the shapes above take but Jupyter Book's own reader refuses
+    "toc-no-format": (_toc_is("root: book/intro\nchapters:\n  - file: book/ch_a\n"),
+                      "Unknown keys found: {'chapters'}"),
+    "toc-unknown-key": (_toc_with("  - file: book/ch_a\n    foo: 1\n"),
+                        "Unknown keys found: {'foo'}"),
+    "toc-page-twice": (_toc_with("  - file: book/ch_a\n  - file: book/ch_a\n"),
+                       "document file used multiple times: 'book/ch_a'"),
     "toc-missing-page": (_toc_with("  - file: book/ch_a\n  - file: book/nope\n"),
                          "_toc.yml: the entry 'book/nope' names no file of the book (no "
                          "book/nope.md)"),

@@ -11,7 +11,8 @@ recordings. No chapter imports this package.
 - kept: the values a recording keeps for its presentation cells (data.json)
 - present: running a chapter's presentation cells from its recording, as the build does
 - validation: reading a recording's notebook and checking that it is whole
-- recordings: whether each chapter's recording is still valid (`status`)
+- recordings: whether each chapter's recording is still valid (`status`; `python -m
+  gpuinfer.publish.recordings` prints every chapter's state)
 - preflight: what the record command checks before it runs (packages, chapters, room)
 - record, measuring: the command that records chapters (`python -m
   gpuinfer.publish.record`); running a chapter's measurement cells in a kernel
@@ -25,4 +26,7 @@ recordings. No chapter imports this package.
 - sphinx_results: the results-at-a-glance table, read from the pages' glued values
 - sphinx_site: the datasheet table, the download menu, figure alt text, page-head fixes
 - sphinx_bib: author-year labels for the references
+- build: the build command (`python -m gpuinfer.publish.build`): the book checked as the
+  record command checks it, then `jupyter-book build`, its seconds, and with --pdf the PDF
+- pdf: the whole book as one PDF, printed from the built site by Chromium
 """

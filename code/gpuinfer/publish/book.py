@@ -4,10 +4,11 @@ A chapter is a file of the table of contents (`_toc.yml`) that is a MyST noteboo
 front matter says so); a draft is such a notebook beside the chapters that the TOC does not
 list. A chapter's recording is the executed notebook `_recorded/<stem>.ipynb` beside it,
 with its artifacts (profiler traces) in `_recorded/<stem>/`. A book whose TOC or pages
-cannot be read (a TOC entry of the wrong shape or naming no file among them) raises
-BookError, one line naming the file and the fix: the record command, the tests, the status
-and the build all stop with it. `check_artifacts_env` says where a build's previews may
-write their artifacts.
+cannot be read (a TOC that is not YAML, or not of the shape Jupyter Book's own reader
+takes, an entry naming no file of the book) raises BookError, one line naming the file and
+the fix: the record command, the tests, the status and the build all stop with it.
+`check_artifacts_env` says where a build's previews may write their artifacts: apart from
+every book and the package.
 """
 
 from __future__ import annotations
@@ -131,6 +132,15 @@ def _toc_problem(entry, where: str) -> str | None:
     return None
 
 
+def _toc_top(data) -> str:
+    """What a TOC without a 'root:' page holds, in words."""
+    if data is None:
+        return "it is empty"
+    if not isinstance(data, dict):
+        return f"it holds {data!r:.60}, not key: value lines"
+    return f"its root: is {data['root']!r:.60}" if "root" in data else "it has no root: key"
+
+
 def toc_files(root: Path | str) -> list[str]:
     """Every page of the TOC, as written there ('book/intro', 'book/01_roofline', ...);
     BookError when _toc.yml is missing or is not a Jupyter Book TOC."""
@@ -149,16 +159,36 @@ def toc_files(root: Path | str) -> list[str]:
         raise BookError(f"{_shown(toc)} nests too deeply to be a table of contents; fix "
                         "it") from None
     if not isinstance(data, dict) or not isinstance(data.get("root"), str):
-        raise BookError(f"{_shown(toc)} is not a Jupyter Book table of contents: it needs "
-                        "a 'root:' page (see jupyterbook.org, 'Table of Contents')")
+        raise BookError(f"{_shown(toc)} is not a Jupyter Book table of contents "
+                        f"({_toc_top(data)}): it needs a 'root:' page (see jupyterbook.org, "
+                        "'Table of Contents')")
     try:
         problem = _toc_problem(data, "")
     except RecursionError:
         problem = "it nests entries too deeply"
+    if problem is None:
+        problem = _external_toc_problem(toc)
     if problem:
         raise BookError(f"{_shown(toc)} is not a Jupyter Book table of contents: {problem}; "
                         "fix it (see jupyterbook.org, 'Table of Contents')")
     return toc_entries(data)
+
+
+def _external_toc_problem(toc: Path) -> str | None:
+    """What Jupyter Book's own TOC reader (sphinx-external-toc) refuses in `toc`, in one
+    line, or None. `jupyter-book build` reads the TOC with it before any extension runs,
+    and stops with a traceback on what it refuses (an unknown key, a page listed twice):
+    checked here, the record command and the build refuse the same TOCs. Skipped where it
+    is not installed (the recording GPU has no Jupyter Book): it never builds there."""
+    try:
+        from sphinx_external_toc.parsing import MalformedError, parse_toc_yaml
+    except ImportError:
+        return None
+    try:
+        parse_toc_yaml(toc)
+    except MalformedError as exc:
+        return " ".join(str(exc).split())
+    return None
 
 
 def _page_path(root: Path, entry: str) -> Path:
@@ -229,30 +259,70 @@ def journal_path(chapter_path: Path) -> Path:
     return chapter_path.parent / "_recorded" / f".{chapter_path.stem}.commit"
 
 
+BOOK_MARKS = ("_toc.yml", "_recorded")  # a folder holding either is (part of) a book
+# How deep below GPUINFER_ARTIFACTS a book is looked for: a folder of checkouts holds their
+# recordings three levels down (<checkout>/book/_recorded).
+HOLDS_DEPTH = 3
+
+
+def _marked(folder: Path) -> str | None:
+    """The mark of a book `folder` holds ('_toc.yml' or '_recorded'), or None."""
+    return next((mark for mark in BOOK_MARKS if (folder / mark).exists()), None)
+
+
+def _book_below(folder: Path, depth: int = HOLDS_DEPTH) -> Path | None:
+    """A folder at most `depth` levels below `folder` (itself excluded) holding a book's
+    mark, or None. Links are not followed and unreadable folders are passed over."""
+    try:
+        below = [p for p in sorted(folder.iterdir()) if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return None
+    for sub in below:
+        found = sub if _marked(sub) else _book_below(sub, depth - 1) if depth > 1 else None
+        if found:
+            return found
+    return None
+
+
+def _artifacts_problem(folder: Path, root: Path) -> str | None:
+    """How the folder a preview would write into meets a book or the package, in words
+    ('lies in the book /x'), or None when it is apart from all of them. A book is this one
+    (`root`) or any folder holding a _toc.yml or a _recorded: another checkout's
+    recordings are as easily overwritten as this one's."""
+    code = Path(__file__).resolve().parents[2]  # code/, above the gpuinfer package
+    for place, what in ((root, "the book"), (code, "the package's sources")):
+        if folder.is_relative_to(place):
+            return f"{'is' if folder == place else 'lies in'} {what} {place}"
+        if place.is_relative_to(folder):
+            return f"holds {what} {place}"
+    for place in (folder, *folder.parents):
+        if _marked(place):
+            return (f"{'is' if place == folder else 'lies in'} {place}, which holds "
+                    f"{_marked(place)} (a book)")
+    below = _book_below(folder)
+    return f"holds {below}, which holds {_marked(below)} (a book)" if below else None
+
+
 def check_artifacts_env(root: Path | str, value: str | None) -> None:
     """BookError unless `value`, the GPUINFER_ARTIFACTS a build's previews would write
     their artifacts under (a folder per chapter: gpuinfer.env.artifact_dir), is unset or an
-    absolute folder apart from the book and the package: not relative (each chapter would
-    take it from its own folder), not in the book's root (its chapters, their recordings,
-    its sources) or the package's folder, and not a folder that holds either."""
+    absolute folder apart from every book and the package: not relative (each chapter would
+    take it from its own folder), not in this book's root or the package's sources, nor in
+    any folder holding a _toc.yml or a _recorded (another book, its recordings), nor a
+    folder holding any of them."""
     if not value:
         return
+    fix = ("unset it (a build keeps a preview's artifacts in a temporary folder), or give "
+           "an absolute folder outside every book and the package, such as a new folder "
+           "under /tmp")
     if not Path(value).is_absolute():
         raise BookError(f"GPUINFER_ARTIFACTS={value} is a relative path, which each chapter "
-                        "would take from its own folder, inside the book: unset it (a "
-                        "build keeps a preview's artifacts in a temporary folder) or give "
-                        "an absolute folder outside the book and the package")
-    folder = Path(value).resolve()
-    code = Path(__file__).resolve().parents[2]  # code/, above the gpuinfer package
-    for kind, place in (("book", Path(root).resolve()), ("package's sources", code)):
-        if folder.is_relative_to(place) or place.is_relative_to(folder):
-            where = ("is" if folder == place else
-                     "lies in" if folder.is_relative_to(place) else "holds")
-            raise BookError(f"GPUINFER_ARTIFACTS={value} {where} the {kind} ({place}), "
-                            "where a preview would write a folder per chapter (over "
-                            "recorded artifacts, or into the sources): unset it, or give "
-                            "an absolute folder outside the book and the package, such as "
-                            "a new folder under /tmp")
+                        f"would take from its own folder, inside the book: {fix}")
+    problem = _artifacts_problem(Path(value).resolve(), Path(root).resolve())
+    if problem:
+        raise BookError(f"GPUINFER_ARTIFACTS={value} {problem}, where a preview would "
+                        "write a folder per chapter (over recorded artifacts, or into the "
+                        f"sources): {fix}")
 
 
 def read_chapter(path: Path):

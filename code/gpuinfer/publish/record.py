@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import re
 import shutil
@@ -50,6 +51,7 @@ class Result:
     ok: bool
     seconds: float
     note: str  # "recorded, 1.2 MB" or why it failed
+    written: int = 0  # bytes of the recording it wrote: the notebook and its artifacts
 
 
 def log(msg: str) -> None:
@@ -111,6 +113,25 @@ def _tmp_full_hint() -> str:
             "the cause: free some space, or set TMPDIR to a folder with room.")
 
 
+def _failure(exc: Exception) -> str:
+    """What went wrong, in words: a file error names its file, and a full disk (the write
+    that filled it names the path) says what to do."""
+    if not (isinstance(exc, OSError) and exc.strerror and exc.filename):
+        return f"{type(exc).__name__}: {exc}"
+    said = f"{exc.strerror}: {exc.filename}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        said += "; free some space on the disk that holds it, then record again"
+    return said
+
+
+def recorded_bytes(chapters: dict[str, Path]) -> int:
+    """The bytes of the chapters' recordings: each notebook and its artifacts, the files the
+    record command writes (not the folder's README, nor anything else put there)."""
+    files = [f for path in chapters.values() for f in (
+        [book.recording_path(path)] + sorted(book.artifacts_path(path).rglob("*")))]
+    return sum(f.stat().st_size for f in files if f.is_file() and not f.is_symlink())
+
+
 def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Result:
     """Execute one chapter and, if every cell succeeded, write its recording. Raises
     KeyboardInterrupt with the seconds it ran and whether the recording was written."""
@@ -154,32 +175,30 @@ def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Resu
         return Result(chapter, False, seconds, "failed: " + str(exc.ename or "error"))
     except Exception as exc:  # a dead kernel, a timeout, a bad notebook, a full disk
         seconds = time.perf_counter() - start
-        said = (f"{exc.strerror}: {exc.filename}"
-                if isinstance(exc, OSError) and exc.strerror and exc.filename
-                else f"{type(exc).__name__}: {exc}")
-        log(f"\n[{chapter}] FAILED after {seconds:.1f} s ({said}); the previous recording "
-            f"is kept.{_tmp_full_hint()}\n")
+        log(f"\n[{chapter}] FAILED after {seconds:.1f} s ({_failure(exc)}); the previous "
+            f"recording is kept.{_tmp_full_hint()}\n")
         return Result(chapter, False, seconds, f"failed: {type(exc).__name__}")
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     log(f"[{chapter}] wrote {rec.resolve()}")
-    size = rec.stat().st_size + sum(
-        f.stat().st_size for f in book.artifacts_path(path).rglob("*") if f.is_file())
+    size = recorded_bytes({chapter: path})  # the commit replaced the pair whole
     label = " (CPU smoke recording)" if meta["smoke"] else ""
-    return Result(chapter, True, seconds, f"recorded{label}, {size / 1e6:.2f} MB")
+    return Result(chapter, True, seconds, f"recorded{label}, {size / 1e6:.2f} MB", size)
 
 
 # --- the command --------------------------------------------------------------------------
 
-def summary(results: list[Result], chosen: dict[str, Path]) -> None:
+def summary(results: list[Result], chapters: dict[str, Path]) -> None:
+    """The table of the run, then the bytes it wrote and those of every recording of the
+    book's `chapters` (what the repository keeps, against SIZE_LIMIT_MB)."""
     log("\n| chapter | result | seconds |\n|---|---|---|")
     for r in results:
         log(f"| {r.chapter} | {r.note} | {r.seconds:.1f} |")
-    total = sum(f.stat().st_size for folder in recordings_folders(chosen) if folder.is_dir()
-                for f in folder.rglob("*") if f.is_file())
+    written, total = sum(r.written for r in results), recorded_bytes(chapters)
     over = f"  OVER THE {SIZE_LIMIT_MB} MB LIMIT" if total > SIZE_LIMIT_MB * 1e6 else ""
-    log(f"\nAll recordings together: {total / 1e6:.2f} MB{over}")
+    log(f"\nThis run wrote {written / 1e6:.2f} MB; all recordings together: "
+        f"{total / 1e6:.2f} MB{over}")
 
 
 def _quiet_interrupted_kernel() -> None:
@@ -260,6 +279,7 @@ def record_all(root: Path, chosen: dict[str, Path], *, allow_cpu: bool) -> int:
     (which `main` turns into it), stops the run with 130, the interrupted chapter's
     previous recording kept."""
     log(f"book: {root}")
+    every = book_chapters(root)  # the summary's total: read now, as the run starts
     results, current = [], None
     try:
         for current, path in chosen.items():
@@ -277,9 +297,9 @@ def record_all(root: Path, chosen: dict[str, Path], *, allow_cpu: bool) -> int:
             log(f"\nInterrupted after {seconds:.1f} s: the previous recording of {current} "
                 "is kept.")
             results.append(Result(current, False, seconds, "interrupted"))
-        summary(results, chosen)
+        summary(results, every)
         return 130
-    summary(results, chosen)
+    summary(results, every)
     return 0 if all(r.ok for r in results) else 1
 
 

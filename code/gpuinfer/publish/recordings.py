@@ -10,12 +10,15 @@ unfinished (a write cut short by a kill) or linked (its recordings folder is a l
 files outside the book), with one line that says why.
 
 Plain functions, no Sphinx: the record command, the Sphinx extensions and the tests share
-them.
+them. `python -m gpuinfer.publish.recordings [--root .]` prints every chapter's state, a
+line each, and fails unless all are fresh.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,7 +128,7 @@ def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
                       f"recorded ({differ})", meta)
     from gpuinfer.publish.present import missing as not_kept
 
-    absent = not_kept(nb, folder / DATA_FILE)
+    absent = not_kept(nb, folder / DATA_FILE, recorded)
     if absent:
         return result("stale", f"{absent[0]} ({shown_folder}/{DATA_FILE})", meta)
     if meta["smoke"] and not accept_cpu:
@@ -156,3 +159,29 @@ def changed(nb, recorded, meta: dict, now: dict) -> str | None:
             f"; and {len(said) - 3} more" if len(said) > 3 else "")
         return f"the package definitions it reaches changed since it was recorded ({shown})"
     return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every chapter of the book and its state, a line each; 1 unless all are fresh."""
+    from gpuinfer.publish.book import BookError
+
+    parser = argparse.ArgumentParser(prog="python -m gpuinfer.publish.recordings",
+                                     description="Which chapters' recordings are fresh.")
+    parser.add_argument("--root", type=Path, default=Path("."),
+                        help="the book's folder, with _toc.yml (default: here)")
+    root = parser.parse_args(argv).root
+    try:
+        found = [status(root, chapter) for chapter in chapters(root)]
+    except BookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for st in found:
+        print(f"{st.state:<10} {st.message}")
+    stale = [st.chapter for st in found if not st.fresh]
+    print(f"{len(found) - len(stale)} of {len(found)} chapters fresh" +
+          (f"; re-record {', '.join(stale)}" if stale else ""))
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

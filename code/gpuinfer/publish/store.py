@@ -52,6 +52,19 @@ class InterruptedAfterCommit(KeyboardInterrupt):
 
 # --- files, synced ------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def naming(path: Path):
+    """An OSError raised while writing `path` names it: a write or a sync that fills the
+    disk raises ENOSPC without a file name, and the record command's message must say
+    which disk filled."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -63,7 +76,7 @@ def _fsync_dir(folder: Path) -> None:
 def write_synced(path: Path, data: bytes) -> None:
     """Write a new file and sync it to disk (mode 0644). Removes it on failure."""
     try:
-        with open(path, "xb") as f:
+        with naming(path), open(path, "xb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -77,7 +90,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     """Write a temp file in the same folder, then os.replace: readers see old or new."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with naming(tmp), os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -122,7 +135,7 @@ def stage_artifacts(chapter: str, scratch: Path, staged: Path) -> bool:
         out.parent.mkdir(parents=True, exist_ok=True)
         if f.suffix == ".json" and rel.as_posix() != DATA_FILE:  # data.json reads as is
             out = out.with_name(out.name + ".gz")
-            with open(f, "rb") as fin, open(out, "wb") as raw:
+            with naming(out), open(f, "rb") as fin, open(out, "wb") as raw:
                 with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0,
                                    filename=f.name) as fout:
                     shutil.copyfileobj(fin, fout)
