@@ -8,7 +8,7 @@ and anchor resolves; the download links serve their files. The search page finds
 mode, is saved in _build/screenshots/ for a human to look at.
 
 The site is served from localhost and must work offline: a request to another host fails the
-page, except MathJax's CDN (only pages with maths load it), which is blocked and ignored.
+page. Every formula is typeset, by the MathJax the site serves itself.
 Needs `pip install playwright` (the Python package, not `playwright install`) and
 `apt-get install chromium`; skipped without them.
 """
@@ -41,7 +41,7 @@ try:
     PAGES = toc_files(ROOT)  # docnames, e.g. 'book/01_roofline'
 except BookError:  # test_recordings fails with the reason
     PAGES = []
-ALLOWED_OFFLINE = ("cdn.jsdelivr.net/npm/mathjax",)  # blocked, and a page may still load it
+ALLOWED_OFFLINE = ()  # MathJax is served with the site (sphinx-mathjax-offline)
 MIN_TEXT = 200  # characters of visible text in the article: below that, a page is blank
 
 pytestmark = pytest.mark.slow
@@ -274,6 +274,17 @@ def test_page_works_in_a_browser(tab, docname):
     }""")
     problems.extend(f"image did not load: {src}" for src in broken)
     images = page.evaluate("document.querySelectorAll('article img').length")
+
+    # Every formula typeset: MathJax replaces each with an mjx-container.
+    untypeset = page.evaluate("""async () => {
+        if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+            await MathJax.startup.promise;
+        }
+        return Array.from(document.querySelectorAll('article div.math, article span.math'))
+            .filter(m => !m.querySelector('mjx-container'))
+            .map(m => m.textContent.trim().slice(0, 60));
+    }""")
+    problems.extend(f"formula not typeset: {m}" for m in untypeset)
 
     # Not blank: a title, text in the article, and more than one colour on the screen.
     title = page.evaluate("(document.querySelector('article h1') || {}).innerText || ''")

@@ -65,6 +65,24 @@ def test_a_presentation_edit_keeps_the_recording_and_shows_at_once(root):
     assert glued.values(made(root))["double"] == 90
 
 
+@pytest.mark.parametrize("where", ["first", "between measurements", "last"])
+def test_a_presentation_cell_added_anywhere_keeps_the_recording(root, where):
+    """Code cells are numbered together, so a presentation cell added before measurement
+    cell 3 makes it cell 4; the values kept after it are still found, and restored where
+    the presentation cells after it read them."""
+    diagram = ("```{code-cell} ipython3\n:tags: [presentation, remove-input, diagram]\n"
+               "from myst_nb import glue\n\nglue('sketch', 'a mechanism', display=False)\n"
+               "```\n\n")
+    anchor = {"first": "```{code-cell} ipython3\nimport json",
+              "between measurements": "```{code-cell} ipython3\nxs = [1, 2, 3]",
+              "last": "The answer is"}[where]
+    edit(root, anchor, diagram + anchor)
+    st = recordings.status(root, "ch_a", accept_cpu=True)
+    assert st.fresh, st.message
+    values = glued.values(made(root))
+    assert values["answer"] == 45 and values["sketch"] == "a mechanism"
+
+
 def test_a_comment_in_a_measurement_cell_keeps_it_and_the_page_shows_the_edited_cell(root):
     edit(root, "answer = sum(range(10))", "# the sum of 0..9\nanswer = sum(range(10))")
     assert recordings.status(root, "ch_a", accept_cpu=True).fresh

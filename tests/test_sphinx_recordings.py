@@ -20,3 +20,33 @@ def test_another_chapters_stock_measurement_is_part_of_the_digest(tmp_path):
     after = seed_digest(status, page, "package")
     stock.write_bytes(b"two")
     assert len({before, after, seed_digest(status, page, "package")}) == 3
+
+
+def test_a_chapter_edited_during_the_build_stops_it(tmp_path):
+    """A chapter read as fresh when the build started, then edited before Sphinx reads it:
+    myst-nb would miss the cache seeded from its recording and run it on the CPU, under
+    the box of a GPU recording. The build stops with one line instead; unedited, it goes on."""
+    import pytest
+
+    from gpuinfer.publish.recordings import Status
+    from gpuinfer.publish.sphinx_recordings import add_box
+
+    chapter = tmp_path / "book" / "ch_a.md"
+    chapter.parent.mkdir()
+    chapter.write_text("# Chapter A\n")
+    recording = tmp_path / "book" / "_recorded" / "ch_a.ipynb"
+    status = Status("ch_a", "fresh", "recorded on a GPU", recording, {}, ())
+    env = SimpleNamespace(srcdir=str(tmp_path), note_dependency=lambda path: None,
+                          doc2path=lambda docname: str(tmp_path / f"{docname}.md"))
+    app = SimpleNamespace(env=env, srcdir=str(tmp_path),
+                          gpuinfer_status={"book/ch_a": status},
+                          gpuinfer_seeded={"book/ch_a": "# Chapter A\n"})
+    source = ["# Chapter A\n"]
+    add_box(app, "book/ch_a", source)  # as read: the box goes in
+    assert source[0].startswith("# Chapter A\n") and len(source[0]) > len("# Chapter A\n")
+    chapter.write_text("# Chapter A, edited\n")
+    with pytest.raises(SystemExit) as stopped:
+        add_box(app, "book/ch_a", ["# Chapter A, edited\n"])
+    said = str(stopped.value)
+    assert said.startswith("error: ") and "ch_a.md changed while the site was being built" \
+        in said and "build again" in said and "\n" not in said

@@ -51,6 +51,16 @@ IMAGES_LOADED_JS = """async () => {
 }"""
 
 
+# The equations typeset (MathJax runs after the page's load event) before it is printed.
+MATH_TYPESET_JS = """async () => {
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+        await MathJax.startup.promise;
+    }
+    return document.querySelectorAll("div.math, span.math").length -
+        document.querySelectorAll("mjx-container").length;
+}"""
+
+
 def site_folder(root: Path) -> Path:
     """The built site of the book in `root`, or one line that says how to build it."""
     html = Path(root) / "_build" / "html"
@@ -117,6 +127,10 @@ def print_pages(base: str, pages: list[str], chromium: Path) -> list[tuple[str, 
                 if broken:
                     raise FileNotFoundError(f"{docname}.html: an image did not load: "
                                             f"{broken[0]}: rebuild the site first")
+                raw = page.evaluate(MATH_TYPESET_JS)
+                if raw > 0:
+                    raise RuntimeError(f"{docname}.html: {raw} formulas were not typeset "
+                                       "(MathJax did not load): rebuild the site first")
                 title = page.evaluate(
                     "(document.querySelector('article h1') || {}).innerText || ''")
                 printed.append((title.strip().rstrip("#¶ ").strip() or docname,

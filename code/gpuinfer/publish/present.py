@@ -47,13 +47,41 @@ def _restore_source(after: int, data_path: Path) -> str:
             f"{after}, globals(), {str(data_path)!r})")
 
 
-def plan(nb, data_path: Path) -> list[tuple[int | None, object]]:
+def renumbered(kept: dict[int, dict], recorded, nb) -> dict[int, dict]:
+    """`kept`, keyed by the code-cell numbers its measurement cells had in `recorded` (the
+    notebook it was recorded with), keyed by the numbers the same cells have in `nb`.
+
+    Code cells are numbered together, so a presentation cell added or removed since the
+    recording renumbers the measurement cells after it, though they and their order are
+    unchanged. With a different number of measurement cells (a stale recording) `kept` is
+    returned as it is."""
+    if recorded is None:
+        return kept
+    then = [n for n, _ in cellkinds.measurement_cells(recorded)]
+    now = [n for n, _ in cellkinds.measurement_cells(nb)]
+    if len(then) != len(now):
+        return kept
+    number = {0: 0, **dict(zip(then, now))}  # 0: before any measurement cell
+    return {number.get(after, after): values for after, values in kept.items()}
+
+
+def _kept(nb, data_path: Path, recorded) -> dict[int, dict]:
+    kept = read(data_path) if data_path.is_file() else {}
+    return renumbered(kept, recorded, nb)
+
+
+def plan(nb, data_path: Path, recorded=None) -> list[tuple[int | None, object]]:
     """What the kernel runs, in order: (None, the restore of measurement cell m's kept
-    values) before the first presentation cell after it, then (index in nb.cells, cell)."""
+    values) before the first presentation cell after it, then (index in nb.cells, cell).
+    `recorded`: the notebook the values were kept from, where its code cells may be
+    numbered otherwise (renumbered)."""
     import nbformat
 
     analysed = iter(cellkinds.code_cells(nb))
-    kept = read(data_path) if data_path.is_file() else {}
+    kept = _kept(nb, data_path, recorded)
+    # {number now: number when recorded}: restore() reads data.json by the latter
+    recorded_number = renumbered({m: m for m in read(data_path)} if kept else {},
+                                 recorded, nb)
     steps, after, restored = [], 0, set()
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
@@ -64,7 +92,8 @@ def plan(nb, data_path: Path) -> list[tuple[int | None, object]]:
             continue
         if after not in restored and after in kept:
             restored.add(after)
-            step = nbformat.v4.new_code_cell(_restore_source(after, data_path))
+            step = nbformat.v4.new_code_cell(
+                _restore_source(recorded_number.get(after, after), data_path))
             step.metadata[NUMBER_KEY] = -after  # negative: a restore, not a cell
             steps.append((None, step))
         run = copy.deepcopy(cell)
@@ -73,9 +102,10 @@ def plan(nb, data_path: Path) -> list[tuple[int | None, object]]:
     return steps
 
 
-def missing(nb, data_path: Path) -> list[str]:
-    """What the presentation cells read that the recording did not keep, a line each."""
-    kept = read(data_path) if data_path.is_file() else {}
+def missing(nb, data_path: Path, recorded=None) -> list[str]:
+    """What the presentation cells read that the recording did not keep, a line each
+    (`recorded`: as for plan)."""
+    kept = _kept(nb, data_path, recorded)
     said = []
     numbers = {c.number: c for c in cellkinds.code_cells(nb)}
     for after, names in cellkinds.kept_names(list(numbers.values())).items():
@@ -127,7 +157,7 @@ def glue_peak(nb, peak: float) -> None:
 
 
 def present(nb, data_path: Path, cwd: Path, chapter: str,
-            peak_gpu_gib: float | None = None) -> None:
+            peak_gpu_gib: float | None = None, recorded=None) -> None:
     """Run nb's presentation cells in place from the values kept in `data_path`, and glue
     `peak_gpu_gib` (PEAK_NAME; by default the peak in nb's own provenance where nb is a
     recording, else NaN);
@@ -139,7 +169,7 @@ def present(nb, data_path: Path, cwd: Path, chapter: str,
         raise PresentationError(f"chapter {chapter}: {exc}") from None
     if broken:
         raise PresentationError(f"chapter {chapter}: {broken[0]}")
-    steps = plan(nb, Path(data_path).resolve())  # the kernel runs in `cwd`
+    steps = plan(nb, Path(data_path).resolve(), recorded)  # the kernel runs in `cwd`
     if steps:
         _run(nb, steps, cwd, chapter)
     if peak_gpu_gib is None:
@@ -197,5 +227,6 @@ def page(nb, recorded, data_path: Path, cwd: Path, chapter: str):
         cell.outputs, cell.execution_count = rec.outputs, rec.execution_count
     if "language_info" in recorded.metadata:  # the lexer of the code cells
         nb.metadata["language_info"] = recorded.metadata["language_info"]
-    present(nb, data_path, cwd, chapter, peak_gib(recorded.metadata.get(METADATA_KEY) or {}))
+    present(nb, data_path, cwd, chapter, peak_gib(recorded.metadata.get(METADATA_KEY) or {}),
+            recorded)
     return nb

@@ -16,9 +16,7 @@ caches that execution); the build warns, naming the command that re-records it.
 Under the title of each chapter page goes the recording's provenance, with download links
 (or, for a preview, a banner saying that its outputs are not GPU results). The recording
 and the package modules whose definitions a chapter reaches are Sphinx dependencies of
-its page, so an
-incremental build picks up a re-recording or a change of the package. (The reproduce
-page's tables of the recordings are gpuinfer.publish.sphinx_reproduce's.)
+its page, so an incremental build picks up a re-recording or a change of the package.
 
 Every page glues `peak_gpu_gib` (gpuinfer.publish.present.PEAK_NAME): a page made from its
 recording glues the recording's peak GPU memory; a preview glues NaN, from a hidden code
@@ -27,10 +25,12 @@ cite it either way. That cell is a code cell of the preview, so it is in the key
 caches the preview's execution under: `preview_notebook` reads the chapter with it.
 
 A build reads the recordings and never writes into them: it refuses a GPUINFER_ARTIFACTS
-(where a preview's traces go) that is relative, lies in the book or the package's sources,
-or holds either (gpuinfer.publish.book.check_artifacts_env). A book whose
-TOC or pages cannot be read stops the build with one line naming the file and the fix; a
-damaged recording only turns its chapter into a preview.
+(where a preview's traces go) that is relative, lies in or holds this book, another (a
+folder with a _toc.yml or a _recorded) or the package's sources
+(gpuinfer.publish.book.check_artifacts_env). A book whose TOC or pages cannot be read
+stops the build with one line naming the file and the fix (`jupyter-book build` reads the
+TOC itself first: gpuinfer.publish.build checks it before); a damaged recording only turns
+its chapter into a preview.
 """
 
 from __future__ import annotations
@@ -194,6 +194,7 @@ def seed_cache(app) -> None:
         stop(str(exc))
     cache = get_cache(app.env.mystnb_config.execution_cache_path)
     app.gpuinfer_status = {}  # docname -> Status, for the page boxes
+    app.gpuinfer_seeded = {}  # docname -> the text of a chapter read as fresh
     app.gpuinfer_pages = {}  # chapter -> the page's notebook, for the results page
     digest_of_package = package_digest()
     found, todo = {}, {}
@@ -232,6 +233,8 @@ def seed_cache(app) -> None:
                            "page is executed on this machine's CPU as a preview.",
                            type="gpuinfer", subtype="recording")
         app.gpuinfer_status[app.env.path2doc(str(path))] = status
+        if status.fresh:  # what myst-nb will find in its cache, unless edited meanwhile
+            app.gpuinfer_seeded[app.env.path2doc(str(path))] = path.read_text("utf8")
 
 
 def _link(label: str, target: Path, page_dir: Path) -> str:
@@ -323,12 +326,18 @@ def note_dependencies(env, status: recordings.Status, path: Path) -> None:
 
 
 def add_box(app, docname: str, source: list[str]) -> None:
-    """source-read: note the page's dependencies and put the box under its title."""
+    """source-read: note the page's dependencies and put the box under its title (stop
+    if a chapter read as fresh was edited since: a CPU run would show as its recording)."""
     status = getattr(app, "gpuinfer_status", {}).get(docname)
     if status is None:
         return
-    note_dependencies(app.env, status, Path(app.env.doc2path(docname)))
-    page_dir = Path(app.env.doc2path(docname)).parent
+    path = Path(app.env.doc2path(docname))
+    if getattr(app, "gpuinfer_seeded", {}).get(docname) not in (None, path.read_text(
+            "utf8")):  # myst-nb would miss its seeded cache and run it on the CPU
+        stop(f"{path} changed while the site was being built, after its recording was "
+             "read: build again")
+    note_dependencies(app.env, status, path)
+    page_dir = path.parent
     block = box(status, page_dir) + ("" if status.fresh else "\n" + PREVIEW_CELL)
     source[0] = insert_after_title(source[0], block)
 

@@ -49,6 +49,12 @@ def chapter_results(page) -> list[results.Result]:
     return results.loads(ast.literal_eval(text)) if text else []  # glued as a str's repr
 
 
+def _quotes(text: str) -> str:
+    """Straight double quotes as a typographic pair: Sphinx's smart quotes would turn the
+    first of `cache_implementation="static"` into a closing one, after the `=`."""
+    return re.sub(r'"([^"]*)"', "\u201c\\1\u201d", text)
+
+
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.0f} %"
 
@@ -120,7 +126,7 @@ class DecodeResults(SphinxDirective):
             body = []
             for r in rows:
                 kind, target = ("ref", r.section) if r.section else ("doc", "/" + docname)
-                link = addnodes.pending_xref("", nodes.inline(text=r.variant),
+                link = addnodes.pending_xref("", nodes.inline(text=_quotes(r.variant)),
                                              refdomain="std", reftype=kind,
                                              reftarget=target, refexplicit=True,
                                              refdoc=self.env.docname)
@@ -132,6 +138,108 @@ class DecodeResults(SphinxDirective):
         return out
 
 
+# --- the story in one table ---------------------------------------------------------------
+
+STORY_HEADER = ["what changed", "decode ms / token", "tokens / s", "× the baseline"]
+
+
+def story_lines(content: list[str]) -> list[tuple[str, ...]]:
+    """The directive's lines as ('part', title) and ('row', chapter, variant, what changed);
+    ValueError, naming the line, for one that is neither."""
+    lines = []
+    for line in content:
+        fields = tuple(f.strip() for f in line.split("|"))
+        if not line.strip():
+            continue
+        if len(fields) == 1:
+            lines.append(("part", fields[0]))
+        elif len(fields) == 3 and all(fields):
+            lines.append(("row", *fields))
+        else:
+            raise ValueError(f"{line.strip()!r} is neither a part's title nor "
+                             "'chapter | variant | what changed'")
+    return lines
+
+
+def speed_up(row: results.Result, first: results.Result) -> str:
+    """`row` over the part's first row: the chapter's own per-round figure and spread where
+    the first row is its naive loop or its stock baseline, else the ratio of medians."""
+    if row is first:
+        return "1×"
+    if first.variant.startswith("V0") and row.x_v0 is not None:
+        return results.with_spread(row.x_v0, row.x_v0_range, "×")
+    if first.stock and row.x_generate_static is not None:
+        return results.with_spread(row.x_generate_static, row.x_generate_static_range, "×")
+    return f"{first.ms_per_token / row.ms_per_token:.3g}× (medians)"
+
+
+def find_row(rows: dict[str, results.Result], variant: str) -> results.Result | None:
+    """The row named `variant`; with a trailing `*`, the first whose name starts with the
+    rest (a name that carries a figure of the run, such as its best k)."""
+    if variant.endswith("*"):
+        return next((r for name, r in rows.items() if name.startswith(variant[:-1])), None)
+    return rows.get(variant)
+
+
+class DecodeStory(SphinxDirective):
+    """The book's story in one table, gpt-fast style: each part a workload, its rows the
+    steps from its first row (a naive loop, a stock baseline) to the fastest, read from the
+    chapters' recordings; each row links to the section that measures it. Content lines:
+    a part's title alone, then `chapter | variant | what changed`, one a row (find_row)."""
+
+    has_content = True
+
+    def run(self):
+        root = Path(self.env.srcdir)
+        chapters = book.chapters(root)
+        pages = getattr(self.env.app, "gpuinfer_pages", {})
+        rows_of: dict[str, dict[str, results.Result]] = {}
+        out, body, first = [], [], None
+
+        def close_part():
+            if body:
+                out.append(table(STORY_HEADER, list(body), classes=("decode-story",)))
+                body.clear()
+
+        try:
+            lines = story_lines(list(self.content))
+        except ValueError as exc:
+            raise self.error(str(exc)) from None
+        for kind, *fields in lines:
+            if kind == "part":
+                close_part()
+                out.append(nodes.paragraph("", "", nodes.strong(text=fields[0])))
+                first = None
+                continue
+            chapter, variant, what = fields
+            if chapter not in chapters:
+                raise self.error(f"{chapter!r} is not a chapter of the TOC")
+            if chapter not in rows_of:
+                status = recordings.status(
+                    root, chapter, accept_cpu=self.config.gpuinfer_accept_cpu_recordings)
+                note_dependencies(self.env, status, chapters[chapter])
+                page = pages.get(chapter)
+                rows_of[chapter] = {r.variant: r for r in chapter_results(page)} \
+                    if status.fresh and page else {}
+            row = find_row(rows_of[chapter], variant)
+            if row is None:  # a chapter without a fresh recording, or a renamed variant
+                logger.warning(f"the story's row {variant!r} of {chapter} is not in its "
+                               "recording's results", location=self.get_location(),
+                               type="gpuinfer", subtype="recording")
+                continue
+            first = first or row
+            docname = self.env.path2doc(str(chapters[chapter]))
+            kind_, target = ("ref", row.section) if row.section else ("doc", "/" + docname)
+            link = addnodes.pending_xref("", nodes.inline(text=what), refdomain="std",
+                                         reftype=kind_, reftarget=target, refexplicit=True,
+                                         refdoc=self.env.docname)
+            body.append([link, results.with_spread(row.ms_per_token, row.ms_range),
+                         f"{row.tokens_per_s:,.0f}", speed_up(row, first)])
+        close_part()
+        return out
+
+
 def setup(app):
     app.add_directive("decode-results", DecodeResults)
+    app.add_directive("decode-story", DecodeStory)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

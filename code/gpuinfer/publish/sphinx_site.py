@@ -90,7 +90,7 @@ class GPUSpecTable(SphinxDirective):
         book_gpus = {spec.name for meta in recorded_gpus(root).values()
                      if not meta.get("smoke")
                      for spec in [roofline.lookup_spec(meta.get("gpu"))] if spec}
-        header = ["GPU", "memory", "HBM TB/s", "FP32 TFLOP/s", "TF32 TFLOP/s",
+        header = ["GPU", "memory", "memory TB/s", "FP32 TFLOP/s", "TF32 TFLOP/s",
                   "BF16 TFLOP/s", "BF16 ridge FLOP/B"]
         rows, sources = [], {}
         for s in roofline.GPU_SPECS:
@@ -103,17 +103,18 @@ class GPUSpecTable(SphinxDirective):
                          "–" if ridge is None else f"{ridge:.0f}"])
             sources.setdefault(s.source, []).append(s.name)
         # The sources under the table, not in a column: the table must fit the page width.
-        listed = "; ".join(f"{', '.join(names)}: {source}"
-                           for source, names in sources.items())
-        note = nodes.paragraph("", "", nodes.emphasis(text="Sources. "),
-                               nodes.Text(listed + "."))
-        return [table(header, rows, classes=("gpu-spec-table",)), note]
+        note = nodes.paragraph("", "", nodes.emphasis(text="Sources:"))
+        listed = nodes.bullet_list()
+        for source, names in sources.items():
+            listed += nodes.list_item("", nodes.paragraph(
+                text=f"{', '.join(names)}: {source}."))
+        return [table(header, rows, classes=("gpu-spec-table",)), note, listed]
 
 
 # --- the repository ----------------------------------------------------------------------
 
 STATIC = Path(__file__).parent / "static"  # gpuinfer.css
-NO_REPOSITORY = "the book's repository (its address is set when the site is published)"
+NO_REPOSITORY = "the book's repository"
 
 
 def _https(remote: str) -> str:
@@ -175,9 +176,10 @@ class RepositoryCommands(SphinxDirective):
     def run(self):
         # set_repository found it (or not) when the build started: no second git call
         # (the theme's own default for it is "")
-        url = (self.config.html_theme_options.get("repository_url")
-               or "<the-book-repository-address>")
-        text = (f"git clone {url} gpu-book && cd gpu-book\n"
+        url = self.config.html_theme_options.get("repository_url")
+        # without a known address the reader is in a clone already (a local build)
+        clone = f"git clone {url} gpu-book && cd gpu-book\n" if url else ""
+        text = (f"{clone}"
                 "pip install -r requirements.txt      # gpuinfer, Jupyter, jupytext; "
                 "a CUDA build of torch\n"
                 "python -m gpuinfer.publish.record 05_triton_decode   # one chapter, "
@@ -202,6 +204,14 @@ def recording_downloads(app, pagename: str) -> list[tuple[str, str]]:
 
 
 BOOK_PDF = "book.pdf"  # gpuinfer.publish.pdf.PDF_NAME, at the top of the site
+PDF_ENV = "GPUINFER_PDF"  # set to 1 by a build that prints the PDF after it
+
+
+def pdf_expected(outdir: Path) -> bool:
+    """Whether the site will have book.pdf: the build was told that the PDF is printed
+    after it (GPUINFER_PDF=1), or one is there from an earlier print. A plain build links
+    no PDF, rather than a missing file."""
+    return os.environ.get(PDF_ENV, "") not in ("", "0") or (outdir / BOOK_PDF).is_file()
 
 
 def add_download_buttons(app, pagename, templatename, context, doctree):
@@ -226,6 +236,8 @@ def add_download_buttons(app, pagename, templatename, context, doctree):
             "label": "download-recording-button",
         })
     group["buttons"][1:1] = extra  # after the page's source, before "print to PDF"
+    if not pdf_expected(Path(app.outdir)):
+        return
     group["buttons"].append({  # written after the build by gpuinfer.publish.pdf
         "type": "link",
         "url": context["pathto"](BOOK_PDF, 1),
