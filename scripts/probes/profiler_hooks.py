@@ -5,7 +5,8 @@ where the chapter's rounds, run before any profiling, time it at 4.91 ms; the sw
 right after the kernel counts, each a profiled run. Here, in one process: the typical step
 of the lean loop and of the naive loop (3 rounds each, as the sweep times them), then one
 profiled generation of each (as the chapter counts kernels), then the same timings again;
-and the launch cost of a tiny kernel before and after. On the GPU machine:
+and the launch cost of a tiny kernel before and after; then two more profiled runs, of the
+4-layer model, as the chapter makes, and the timings once more. On the GPU machine:
 
     PYTHONPATH=code python3 scripts/probes/profiler_hooks.py
 """
@@ -46,4 +47,10 @@ def measure(when: str) -> None:
 measure("before")
 for name in ("V0 naive", "V2L lean loop"):  # as Chapter 2 counts each loop's kernels
     profile_decode(dec.VARIANTS[name], model, prompts[32], 8, keep_steps=3)
-measure("after")
+measure("after 2")
+# Chapter 2 counts the kernels of the 4-layer model too: four profiled runs in all
+tiny = build_model(model_config("tiny"), seed=0, device=dev, attn_implementation="eager")
+tiny_prompt = random_prompt(tiny.config, 32, device=dev)
+for name in ("V0 naive", "V2L lean loop"):
+    profile_decode(dec.VARIANTS[name], tiny, tiny_prompt, 8, keep_steps=3)
+measure("after 4")
