@@ -35,4 +35,4 @@ def test_a_diagram_carries_its_alt_text_to_the_page(tmp_path):
     path = tmp_path / "diagram.png"
     path.write_bytes(png.data)
     assert png_description(path) == alt
-    assert not dg.plt.get_fignums(), "image() closes the figure"
+    assert not dg.plt.fignum_exists(fig.number), "image() closes the figure"

@@ -65,11 +65,6 @@ def renumbered(kept: dict[int, dict], recorded, nb) -> dict[int, dict]:
     return {number.get(after, after): values for after, values in kept.items()}
 
 
-def _kept(nb, data_path: Path, recorded) -> dict[int, dict]:
-    kept = read(data_path) if data_path.is_file() else {}
-    return renumbered(kept, recorded, nb)
-
-
 def plan(nb, data_path: Path, recorded=None) -> list[tuple[int | None, object]]:
     """What the kernel runs, in order: (None, the restore of measurement cell m's kept
     values) before the first presentation cell after it, then (index in nb.cells, cell).
@@ -78,10 +73,10 @@ def plan(nb, data_path: Path, recorded=None) -> list[tuple[int | None, object]]:
     import nbformat
 
     analysed = iter(cellkinds.code_cells(nb))
-    kept = _kept(nb, data_path, recorded)
+    as_recorded = read(data_path) if data_path.is_file() else {}
+    kept = renumbered(as_recorded, recorded, nb)
     # {number now: number when recorded}: restore() reads data.json by the latter
-    recorded_number = renumbered({m: m for m in read(data_path)} if kept else {},
-                                 recorded, nb)
+    recorded_number = renumbered({m: m for m in as_recorded}, recorded, nb)
     steps, after, restored = [], 0, set()
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
@@ -105,7 +100,7 @@ def plan(nb, data_path: Path, recorded=None) -> list[tuple[int | None, object]]:
 def missing(nb, data_path: Path, recorded=None) -> list[str]:
     """What the presentation cells read that the recording did not keep, a line each
     (`recorded`: as for plan)."""
-    kept = _kept(nb, data_path, recorded)
+    kept = renumbered(read(data_path) if data_path.is_file() else {}, recorded, nb)
     said = []
     numbers = {c.number: c for c in cellkinds.code_cells(nb)}
     for after, names in cellkinds.kept_names(list(numbers.values())).items():

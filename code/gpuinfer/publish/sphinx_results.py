@@ -84,7 +84,38 @@ def fastest(rows: list[results.Result]) -> list[results.Result]:
     return [min(ours, key=lambda r: r.ms_per_token)] if ours else []
 
 
-class DecodeResults(SphinxDirective):
+class _FromRecordings(SphinxDirective):
+    """A directive that reads the rows the chapters' recordings glued."""
+
+    def chapter_rows(self, root: Path, chapter: str, path: Path):
+        """(the chapter's recording status, the rows its page glued): no rows unless the
+        recording is fresh, and a glued value damaged inside a valid notebook is a warning
+        naming the fix, not a failed build. The chapter's recording and the TOC become
+        dependencies of this page: rows come only from the chapters the TOC lists, even in
+        an incremental build."""
+        status = recordings.status(
+            root, chapter, accept_cpu=self.config.gpuinfer_accept_cpu_recordings)
+        note_dependencies(self.env, status, path)
+        page = getattr(self.env.app, "gpuinfer_pages", {}).get(chapter)
+        try:
+            return status, chapter_results(page) if status.fresh and page else []
+        except Exception as exc:  # a glued value damaged inside a valid notebook
+            logger.warning(f"{status.recording.relative_to(root).as_posix()}: its "
+                           f"glued {results.GLUE_NAME} is unreadable "
+                           f"({type(exc).__name__}: {exc}); re-record {chapter}",
+                           location=self.get_location(), type="gpuinfer",
+                           subtype="recording")
+            return status, []
+
+    def link(self, text: str, row: results.Result, docname: str):
+        """`text`, linking to the section that measures `row` (else its chapter)."""
+        kind, target = ("ref", row.section) if row.section else ("doc", "/" + docname)
+        return addnodes.pending_xref("", nodes.inline(text=text), refdomain="std",
+                                     reftype=kind, reftarget=target, refexplicit=True,
+                                     refdoc=self.env.docname)
+
+
+class DecodeResults(_FromRecordings):
     """Every variant of every chapter; with `:fastest:`, the fastest variant of each."""
 
     option_spec = {"fastest": directives.flag}
@@ -93,20 +124,7 @@ class DecodeResults(SphinxDirective):
         root = Path(self.env.srcdir)
         out = []
         for chapter, path in book.chapters(root).items():
-            status = recordings.status(
-                root, chapter, accept_cpu=self.config.gpuinfer_accept_cpu_recordings)
-            note_dependencies(self.env, status, path)  # the TOC among them: rows
-            # come only from the chapters it lists, even in an incremental build
-            page = getattr(self.env.app, "gpuinfer_pages", {}).get(chapter)
-            try:
-                rows = chapter_results(page) if status.fresh and page else []
-            except Exception as exc:  # a glued value damaged inside a valid notebook
-                logger.warning(f"{status.recording.relative_to(root).as_posix()}: its "
-                               f"glued {results.GLUE_NAME} is unreadable "
-                               f"({type(exc).__name__}: {exc}); re-record {chapter}",
-                               location=self.get_location(),
-                               type="gpuinfer", subtype="recording")
-                rows = []
+            status, rows = self.chapter_rows(root, chapter, path)
             if not rows:
                 continue
             if "fastest" in self.options:
@@ -123,14 +141,8 @@ class DecodeResults(SphinxDirective):
                 reftype="doc", reftarget="/" + docname, refexplicit=True,
                 refdoc=self.env.docname))
             title += nodes.Text(f": {rows[0].model}, {recordings.recorded_on(meta)}")
-            body = []
-            for r in rows:
-                kind, target = ("ref", r.section) if r.section else ("doc", "/" + docname)
-                link = addnodes.pending_xref("", nodes.inline(text=_quotes(r.variant)),
-                                             refdomain="std", reftype=kind,
-                                             reftarget=target, refexplicit=True,
-                                             refdoc=self.env.docname)
-                body.append([link, *cells(r, datasheet)])
+            body = [[self.link(_quotes(r.variant), r, docname), *cells(r, datasheet)]
+                    for r in rows]
             out += [title, table(HEADER, body, classes=("decode-results",))]
         if not out:
             out.append(nodes.paragraph(
@@ -181,7 +193,7 @@ def find_row(rows: dict[str, results.Result], variant: str) -> results.Result | 
     return rows.get(variant)
 
 
-class DecodeStory(SphinxDirective):
+class DecodeStory(_FromRecordings):
     """The book's story in one table, gpt-fast style: each part a workload, its rows the
     steps from its first row (a naive loop, a stock baseline) to the fastest, read from the
     chapters' recordings; each row links to the section that measures it. Content lines:
@@ -192,7 +204,6 @@ class DecodeStory(SphinxDirective):
     def run(self):
         root = Path(self.env.srcdir)
         chapters = book.chapters(root)
-        pages = getattr(self.env.app, "gpuinfer_pages", {})
         rows_of: dict[str, dict[str, results.Result]] = {}
         out, body, first = [], [], None
 
@@ -215,12 +226,8 @@ class DecodeStory(SphinxDirective):
             if chapter not in chapters:
                 raise self.error(f"{chapter!r} is not a chapter of the TOC")
             if chapter not in rows_of:
-                status = recordings.status(
-                    root, chapter, accept_cpu=self.config.gpuinfer_accept_cpu_recordings)
-                note_dependencies(self.env, status, chapters[chapter])
-                page = pages.get(chapter)
-                rows_of[chapter] = {r.variant: r for r in chapter_results(page)} \
-                    if status.fresh and page else {}
+                _, rows = self.chapter_rows(root, chapter, chapters[chapter])
+                rows_of[chapter] = {r.variant: r for r in rows}
             row = find_row(rows_of[chapter], variant)
             if row is None:  # a chapter without a fresh recording, or a renamed variant
                 logger.warning(f"the story's row {variant!r} of {chapter} is not in its "
@@ -228,11 +235,7 @@ class DecodeStory(SphinxDirective):
                                type="gpuinfer", subtype="recording")
                 continue
             first = first or row
-            docname = self.env.path2doc(str(chapters[chapter]))
-            kind_, target = ("ref", row.section) if row.section else ("doc", "/" + docname)
-            link = addnodes.pending_xref("", nodes.inline(text=what), refdomain="std",
-                                         reftype=kind_, reftarget=target, refexplicit=True,
-                                         refdoc=self.env.docname)
+            link = self.link(what, row, self.env.path2doc(str(chapters[chapter])))
             body.append([link, results.with_spread(row.ms_per_token, row.ms_range),
                          f"{row.tokens_per_s:,.0f}", speed_up(row, first)])
         close_part()

@@ -134,7 +134,7 @@ def plot_step_kernels(traces: dict[str, dict], *, step: int = 2, step_name: str 
                       title: str | None = None):
     """The GPU lane of one decode step of each trace, one row per trace, on a common time
     axis (microseconds from the step's first kernel), with the time the GPU sat idle between
-    the step's kernels marked in red beneath it."""
+    the step's kernels marked in red beneath it. Overlapping kernels: the later on top."""
     fig, ax = plt.subplots(figsize=(7.5, 0.8 * len(traces) + 1.4))
     used = set()
     labels = list(traces)
@@ -142,11 +142,13 @@ def plot_step_kernels(traces: dict[str, dict], *, step: int = 2, step_name: str 
         y = len(labels) - 1 - row
         work = T.step_kernels(traces[label], step, step_name)
         t0 = work[0].ts if work else 0.0
-        for kind in {kind_of(e.name) for e in work}:
-            used.add(kind)
-            ax.broken_barh([(e.ts - t0, e.dur) for e in work if kind_of(e.name) == kind],
-                           (y - 0.2, 0.5), facecolors=COLORS[kind], linewidth=0,
-                           antialiased=False)
+        kinds = [kind_of(e.name) for e in work]
+        used.update(kinds)
+        # one call in start order: where kernels overlap (an early start under PDL), the
+        # later one is drawn on top, the same in every build
+        ax.broken_barh([(e.ts - t0, e.dur) for e in work], (y - 0.2, 0.5),
+                       facecolors=[COLORS[k] for k in kinds], linewidth=0,
+                       antialiased=False)
         idle = [(a - t0, b - a) for a, b in T.gaps([(e.ts, e.end) for e in work])]
         ax.broken_barh(idle, (y - 0.36, 0.12), facecolors=IDLE, linewidth=0,
                        antialiased=False)

@@ -89,10 +89,12 @@ def label(ax, x: float, y: float, text: str, *, size: float = TEXT, ha: str = "l
             style=style)
 
 
-def lane(ax, y: float, h: float, name: str, x0: float, x1: float) -> None:
-    """A timeline lane from x0 to x1 at height y (h high), named at its left."""
+def lane(ax, y: float, h: float, name: str, x0: float, x1: float, *,
+         size: float = TEXT) -> None:
+    """A timeline lane from x0 to x1 at height y (h high), named at its left in bold type
+    of `size` points."""
     ax.plot([x0, x1], [y, y], color="0.75", linewidth=0.8)
-    label(ax, x0 - 0.1, y + h / 2, name, ha="right", weight="bold")
+    label(ax, x0 - 0.1, y + h / 2, name, ha="right", weight="bold", size=size)
 
 
 def span(ax, y: float, h: float, t0: float, t1: float, text: str = "", *,

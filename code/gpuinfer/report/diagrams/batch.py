@@ -18,7 +18,7 @@ smaller than 11 pt.
 from __future__ import annotations
 
 from gpuinfer.report.diagrams import (AMBER, BLUE, GREEN, GREY, ORANGE, PINK, SKY, arrow,
-                                      box, bracket, canvas, cells, label, span)
+                                      box, bracket, canvas, cells, label, lane, span)
 
 # One colour per sequence of the batch: the same in its token column and in its attention.
 SEQUENCE_COLOURS = (GREEN, PINK, AMBER, SKY)
@@ -26,12 +26,6 @@ SEQUENCE_COLOURS = (GREEN, PINK, AMBER, SKY)
 NOTE = 11  # notes, numbers and the text in boxes
 HEAD = 12  # bold headings and row names
 CHAR = 0.13  # canvas units an 11-pt character takes, about (10 units = 7.5 in)
-
-
-def _lane(ax, y: float, h: float, name: str, x0: float, x1: float) -> None:
-    """A timeline lane, as `gpuinfer.report.diagrams.lane` draws it, its name at HEAD."""
-    ax.plot([x0, x1], [y, y], color="0.75", linewidth=0.8)
-    label(ax, x0 - 0.1, y + h / 2, name, ha="right", weight="bold", size=HEAD)
 
 
 def shared_weights(*, weights_gb: float, cache_mb: float, context: float):
@@ -160,10 +154,10 @@ def step_budget(*, floor_us: float, matmul_us: float, matmul_floor_us: float,
 
     bracket(ax, at(0), at(step_us), 3.15, f"the measured step: {step_us:.0f} µs, "
             f"{step_us / floor_us:.2f}× its floor", size=NOTE)
-    _lane(ax, 2.25, 0.6, "floor", x0, x1)
+    lane(ax, 2.25, 0.6, "floor", x0, x1, size=HEAD)
     span(ax, 2.25, 0.6, at(0), at(floor_us), f"every byte at the copy rate: "
          f"{floor_us:.0f} µs", color=GREEN, size=NOTE)
-    _lane(ax, 0.85, 0.75, "measured", x0, x1)
+    lane(ax, 0.85, 0.75, "measured", x0, x1, size=HEAD)
     parts = [("matrix products", matmul_us, BLUE), ("attention", attention_us, ORANGE),
              ("other\nkernels", other_us, AMBER)]
     t = 0.0

@@ -39,13 +39,6 @@ def _sequence(ax, x, y, w, h, n, fill, *, last=None):
     cells(ax, x, y, w, h, 1, n, fills=fills, alpha=0.45)
 
 
-def _lane(ax, y, h, name, x0, x1):
-    """A timeline lane, its name at the smallest size this module allows (the shared
-    `lane` writes it smaller)."""
-    lane(ax, y, h, "", x0, x1)
-    label(ax, x0 - 0.1, y + h / 2, name, ha="right", weight="bold", size=SMALL)
-
-
 def decode_step(*, context: int, weight_mb: float, kv_mb: float, naive_gflop: float,
                 naive_ms: float, cached_gflop: float, cached_us: float,
                 floor_us: float):
@@ -174,8 +167,8 @@ def launch_bound(*, step_ms: float, kernel_ms: float, kernels: int, launch_us: f
 
     def row(y, sync):
         end = x0 + (slots_before + slots_after + 0.6) * share * scale
-        _lane(ax, y + 0.85, 0.55, "host", x0, end)
-        _lane(ax, y, 0.55, "GPU", x0, end)
+        lane(ax, y + 0.85, 0.55, "host", x0, end, size=SMALL)
+        lane(ax, y, 0.55, "GPU", x0, end, size=SMALL)
         t = x0
         for s in range(slots_before + slots_after):
             if s == slots_before:  # the step boundary

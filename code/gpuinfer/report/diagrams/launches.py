@@ -19,17 +19,10 @@ smaller than 11 pt (about 9 px on the page).
 from __future__ import annotations
 
 from gpuinfer.report.diagrams import (AMBER, BLUE, GREY, ORANGE, arrow, box, bracket,
-                                      canvas, label, span)
+                                      canvas, label, lane, span)
 
 NOTE = 11  # points: every text of these pictures, the smallest legible on the page
 TITLE = 11.5  # points: a row's title, in bold
-
-
-def lane(ax, y: float, h: float, name: str, x0: float, x1: float) -> None:
-    """A timeline lane from x0 to x1 at height y (h high), named at its left: the shared
-    `lane`, with its name at this module's size."""
-    ax.plot([x0, x1], [y, y], color="0.75", linewidth=0.8)
-    label(ax, x0 - 0.1, y + h / 2, name, ha="right", weight="bold", size=NOTE)
 
 
 def eager_and_graph(t_launch_us: float, t_kernel_us: float, t_gap_us: float,
@@ -57,8 +50,8 @@ def eager_and_graph(t_launch_us: float, t_kernel_us: float, t_gap_us: float,
     label(ax, 0.15, 8.25, "Eager, at a bare launch's cost: the host launches every kernel",
           weight="bold", size=TITLE)
     host_y, gpu_y = 6.85, 5.65
-    lane(ax, host_y, h, "host", x0, x1)
-    lane(ax, gpu_y, h, "GPU", x0, x1)
+    lane(ax, host_y, h, "host", x0, x1, size=NOTE)
+    lane(ax, gpu_y, h, "GPU", x0, x1, size=NOTE)
     for i in range(launches):
         start = i * t_launch_us
         span(ax, host_y, h, at(start), at(start + t_launch_us), f"launch {i + 1}",
@@ -82,7 +75,7 @@ def eager_and_graph(t_launch_us: float, t_kernel_us: float, t_gap_us: float,
     label(ax, 0.15, 4.35, "CUDA graph: captured once, replayed every step",
           weight="bold", size=TITLE)
     cap_y = 3.3
-    lane(ax, cap_y, h, "capture", x0, x1)
+    lane(ax, cap_y, h, "capture", x0, x1, size=NOTE)
     box(ax, at(0), cap_y, 5.4, h, "one step under stream capture", color=ORANGE,
         size=NOTE, rounded=False)
     # the graph: its nodes are the step's kernels, each waiting for the one before
@@ -101,8 +94,8 @@ def eager_and_graph(t_launch_us: float, t_kernel_us: float, t_gap_us: float,
 
     # --- replay: one launch; the GPU runs the kernels back to back
     rep_y, rgpu_y = 1.95, 0.85
-    lane(ax, rep_y, h, "host", x0, x1)
-    lane(ax, rgpu_y, h, "GPU", x0, x1)
+    lane(ax, rep_y, h, "host", x0, x1, size=NOTE)
+    lane(ax, rgpu_y, h, "GPU", x0, x1, size=NOTE)
     span(ax, rep_y, h, at(0), at(t_launch_us), "replay()", color=ORANGE, size=NOTE)
     label(ax, at(t_launch_us) + 0.2, rep_y + h / 2,
           "host free: it can prepare the next step", size=NOTE, color="0.3")
@@ -145,7 +138,7 @@ def pdl_overlap(t_gap_us: float):
     y = 4.6
     label(ax, 0.15, 6.55, "Without PDL: B is launched when A has ended", weight="bold",
           size=TITLE)
-    lane(ax, y, full, "GPU", x0, x1)
+    lane(ax, y, full, "GPU", x0, x1, size=NOTE)
     kernel_a(y, named_tail=True)
     span(ax, y, full, 9.0, 10.2, color=GREY, alpha=0.08, hatch="///")
     span(ax, y, full, 10.2, 11.4, "pro-\nlogue", color=AMBER, alpha=0.5, size=NOTE)
@@ -159,7 +152,7 @@ def pdl_overlap(t_gap_us: float):
     y = 1.1
     label(ax, 0.15, 3.62, "With PDL: B starts during A's tail, then waits for A's writes",
           weight="bold", size=TITLE)
-    lane(ax, y, full, "GPU", x0, x1)
+    lane(ax, y, full, "GPU", x0, x1, size=NOTE)
     kernel_a(y, named_tail=False)
     # B's blocks take the multiprocessors the tail leaves free, above it
     top = full - tail - 0.05

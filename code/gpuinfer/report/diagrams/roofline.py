@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from gpuinfer.report.diagrams import (BLUE, GREEN, GREY, ORANGE, arrow, bracket, canvas,
-                                      label, span)
+                                      label, lane, span)
 
 # Points, as drawn on a 7.5-inch canvas. The page shows a diagram at about 0.6 of that
 # size, so 11 pt is the smallest text that stays legible there (about 9 px).
@@ -123,8 +123,8 @@ def async_launch(host_ms: float, kernel_ms: float):
     start = enqueue_end + 0.12  # the GPU picks the work up a moment after it is queued
     end = start + width
     host_y, gpu_y, h = 2.05, 0.75, 0.55
-    _lane(ax, host_y, h, "host", t0, end + 0.1)
-    _lane(ax, gpu_y, h, "GPU", t0, end + 0.1)
+    lane(ax, host_y, h, "host", t0, end + 0.1, size=LARGE)
+    lane(ax, gpu_y, h, "GPU", t0, end + 0.1, size=LARGE)
 
     # The host: the enqueue (a short bar), then a synchronize that waits for the GPU.
     span(ax, host_y, h, t0, enqueue_end, color=BLUE, alpha=0.55)
@@ -172,8 +172,8 @@ def eager_handover(host_us: float, kernel_us: float, traced: dict[str, float]):
     label(ax, 0.15, 5.8, f"(a) If a timed call cost the host {host_us:.1f} µs, less than "
           f"the kernel's {kernel_us:.1f} µs", size=SMALL, weight="bold", va="center")
     host_y, gpu_y = 4.85, 3.95
-    _lane(ax, host_y, h, "host", t0, end)
-    _lane(ax, gpu_y, h, "GPU", t0, end)
+    lane(ax, host_y, h, "host", t0, end, size=LARGE)
+    lane(ax, gpu_y, h, "GPU", t0, end, size=LARGE)
     for i in range(calls):
         span(ax, host_y, h, tx(i * host_us), tx((i + 1) * host_us) - 0.03, f"call {i + 1}",
              color=BLUE, alpha=0.35, size=SMALL)
@@ -197,8 +197,8 @@ def eager_handover(host_us: float, kernel_us: float, traced: dict[str, float]):
     label(ax, 0.15, 2.95, f"(b) The traced run: the host needs {host:.1f} µs a call, more "
           f"than the kernel's {kernel:.1f} µs", size=SMALL, weight="bold", va="center")
     host_y, gpu_y = 1.95, 1.0
-    _lane(ax, host_y, h, "host", t0, end)
-    _lane(ax, gpu_y, h, "GPU", t0, end)
+    lane(ax, host_y, h, "host", t0, end, size=LARGE)
+    lane(ax, gpu_y, h, "GPU", t0, end, size=LARGE)
     idle_from = 0.0
     for i in range(2):
         c = i * host
@@ -225,10 +225,3 @@ def _under(ax, x0: float, x1: float, y: float, text: str) -> None:
     ax.plot([x0, x0, x1, x1], [y + 0.08, y, y, y + 0.08], color="0.25", lw=1)
     label(ax, (x0 + x1) / 2, y - 0.06, text, size=SMALL, ha="center", va="top",
           color="0.25")
-
-
-def _lane(ax, y: float, h: float, name: str, x0: float, x1: float) -> None:
-    """A timeline lane from x0 to x1 at height y (h high), named at its left: the shared
-    `lane`, with its name in LARGE type (the shared one draws it smaller)."""
-    ax.plot([x0, x1], [y, y], color="0.75", linewidth=0.8)
-    label(ax, x0 - 0.1, y + h / 2, name, ha="right", weight="bold", size=LARGE)

@@ -26,12 +26,6 @@ SMALL = 11
 NAME = 11.5  # a row's or a lane's name, bold
 
 
-def named_lane(ax, y: float, h: float, name: str, x0: float, x1: float) -> None:
-    """`lane`, its name at NAME points (lane's own default is smaller)."""
-    lane(ax, y, h, "", x0, x1)
-    label(ax, x0 - 0.1, y + h / 2, name, size=NAME, ha="right", weight="bold")
-
-
 def measure(ax, x0: float, x1: float, y: float, text: str, ha: str = "center") -> None:
     """A bracket from x0 to x1 at height y, `text` clear above its ticks: centred on it,
     or starting at its left end (ha="left") where a long text would leave the canvas."""
@@ -130,7 +124,7 @@ def pass_timeline(*, k: int, tokens: float, step_us: float, draft_first_us: floa
     lanes = {3.35: "target alone", 1.9: f"speculative,\n$k$ = {k}",
              0.4: "if verify\ncost a step"}
     for y, name in lanes.items():
-        named_lane(ax, y, 0.6, name, x0, x1)
+        lane(ax, y, 0.6, name, x0, x1, size=NAME)
 
     # The target alone: whole steps, then the fraction of one that makes up `tokens`.
     whole = int(tokens)
@@ -177,7 +171,7 @@ def program_timeline(*, tokens: int = 3, extra_token_us: float | None = None,
 
     lanes = {2.75: ("a step", 1), 1.2: (f"a pass of\n{tokens} tokens", tokens)}
     for y, (name, n) in lanes.items():
-        named_lane(ax, y, h, name, x0, 9.9)
+        lane(ax, y, h, name, x0, 9.9, size=NAME)
         span(ax, y, h, *load, "load\nthe tile", color=AMBER, alpha=0.4, size=SMALL)
         span(ax, y, h, *wait, "wait for the\nkernel ahead", color=GREY, alpha=0.12,
              size=SMALL)
