@@ -1,0 +1,81 @@
+"""Timings one chapter measures and a later chapter shows, read from the first one's
+recording.
+
+A figure paced by the host (an eager loop's step, the cost of one kernel launch) moves by
+10 to 50 % from one process to the next, while the GPU-bound ones repeat within 2 %. Two
+pages that each time the same host-bound workload would disagree by that much. So the
+chapter that owns a workload keeps its timings beside its recording (`keep`, into its
+artifact folder, which the record command stores gzipped), and a later chapter reads them
+(`borrow`) rather than timing the workload again, as gpuinfer.report.borrowed does for
+the stock baselines.
+
+They are used only for the same workload (the same model, dtype, prompt and new tokens)
+on a GPU of the same name. Anything else (a smoke run on a CPU, a GPU the owning chapter
+was not recorded on) gives no timings, and says why.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuinfer.measure.timing import Timing
+from gpuinfer.report.borrowed import recordings_folder
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The owning chapter's timings by name (None where they cannot be used) and, in words,
+    where they come from or why there are none (`source`)."""
+
+    timings: dict[str, Timing] | None
+    source: str
+
+    def get(self, name: str) -> Timing | None:
+        """The timing called `name`, or None where there are no timings."""
+        return None if self.timings is None else self.timings[name]
+
+
+def keep(folder: str | os.PathLike, name: str, workload: dict,
+         timings: dict[str, Timing]) -> Path:
+    """Write `timings` of `workload` as `folder`/`name`.json; returns its path."""
+    path = Path(folder) / f"{name}.json"
+    path.write_text(json.dumps({
+        "workload": workload,
+        "timings": {k: {"times_ms": list(t.times_ms), "clock": t.clock}
+                    for k, t in timings.items()}}, indent=1))
+    return path
+
+
+def _read(path: Path) -> dict:
+    try:
+        opened = gzip.open(path, "rt") if path.suffix == ".gz" else path.open()
+        with opened as f:
+            data = json.load(f)
+        return {"workload": data["workload"],
+                "timings": {k: Timing(tuple(v["times_ms"]), v["clock"])
+                            for k, v in data["timings"].items()}}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a kept timing file ({exc!r}): record the chapter "
+                         f"that measures it again") from None
+
+
+def borrow(chapter: str, name: str, workload: dict, *, start: Path | None = None) -> Shared:
+    """The timings `chapter` kept as `name` for `workload` (its "gpu": this run's device
+    name, None on a CPU), from its recording."""
+    folder = recordings_folder(start)
+    found = [folder / chapter / n for n in (f"{name}.json", f"{name}.json.gz")
+             if folder and (folder / chapter / n).is_file()]
+    if not found:
+        return Shared(None, f"no recording of {chapter} holds {name}.json: record "
+                            f"{chapter} first, on this GPU")
+    kept = _read(found[0])
+    if kept["workload"] != workload:
+        differ = ", ".join(f"{k} {kept['workload'].get(k)!r} there, {v!r} here"
+                           for k, v in workload.items() if kept["workload"].get(k) != v)
+        return Shared(None, f"{chapter}'s recording timed another workload "
+                            f"({differ or 'other fields'})")
+    return Shared(kept["timings"], f"timed in {chapter}'s recording on {workload.get('gpu')}")
