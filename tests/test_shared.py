@@ -48,3 +48,29 @@ def test_a_damaged_file_names_itself_and_the_fix(tmp_path):
     (folder / "loops.json").write_text("{}")
     with pytest.raises(ValueError, match="loops.json is not a kept timing file.*record"):
         shared.borrow("02_decode", "loops", WORKLOAD, start=tmp_path)
+
+
+def test_apart_takes_the_widest_range_the_two_spreads_allow():
+    ours, theirs = Timing((1.0, 1.2), "host"), Timing((3.0, 3.6), "host")
+    c = shared.apart("ours", ours, "theirs", theirs)
+    assert c.ratio == pytest.approx(3.3 / 1.1)
+    assert (c.low, c.high) == (pytest.approx(3.0 / 1.2), pytest.approx(3.6 / 1.0))
+    assert c.faster and c.rounds == 2
+    overlapping = shared.apart("a", Timing((1.0, 2.0), "host"), "b", Timing((1.5,), "host"))
+    assert not overlapping.separated
+
+
+def test_borrowed_rows_come_first_and_every_speed_up_is_over_their_naive_loop():
+    from gpuinfer.report import results
+
+    mine = results.Result("V9", "m", 0.5, 100.0, 1e12, ms_range=(0.4, 0.6))
+    v0, lean = Timing((10.0, 12.0), "cuda-event"), Timing((5.0, 6.0), "cuda-event")
+    rows = results.with_borrowed(
+        [mine], {"V9": Timing((0.4, 0.5, 0.6), "cuda-event")}, {"V0": v0, "V2L": lean},
+        v0="V0", model="m", bytes_per_token=100.0, bandwidth=1e12, section="s",
+        prefill_ms={"V0": 3.0})
+    assert [r.variant for r in rows] == ["V0", "V2L", "V9"]
+    assert rows[0].x_v0 == pytest.approx(1.0) and rows[0].prefill_ms == 3.0
+    assert rows[1].x_v0 == pytest.approx(11.0 / 5.5)
+    assert rows[2].x_v0 == pytest.approx(11.0 / 0.5)
+    assert rows[2].x_v0_range == (pytest.approx(10.0 / 0.6), pytest.approx(12.0 / 0.4))

@@ -16,7 +16,8 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from gpuinfer.measure.timing import Rounds
+from gpuinfer.measure.timing import Rounds, Timing
+from gpuinfer.report.shared import apart
 
 GLUE_NAME = "decode_results"
 
@@ -92,6 +93,28 @@ def from_rounds(rounds: Rounds, *, model: str,
                            x_v0, x_gs, (sections or {}).get(name, ""), (t.min, t.max),
                            x_v0_range, x_gs_range, (prefill_ms or {}).get(name)))
     return rows
+
+
+def with_borrowed(rows: list[Result], ours: dict[str, Timing], borrowed: dict[str, Timing],
+                  *, v0: str, model: str, bytes_per_token: float, bandwidth: float,
+                  section: str, prefill_ms: dict[str, float]) -> list[Result]:
+    """Rows of `borrowed` (loops another chapter timed on the same workload, shown as it
+    timed them) and then `rows` (timed here, `ours` their timings), every speed-up over
+    `borrowed[v0]`. Not timed in the same rounds: each range pairs the fastest round of
+    one side with the slowest of the other (gpuinfer.report.shared.apart)."""
+    def over(name, t):
+        c = apart(name, t, v0, borrowed[v0])
+        return c.ratio, (c.low, c.high)
+
+    out = []
+    for name, t in borrowed.items():
+        x, spread = over(name, t)
+        out.append(Result(name, model, t.median, bytes_per_token, bandwidth, x, None,
+                          section, (t.min, t.max), spread, None, prefill_ms.get(name)))
+    for row in rows:
+        x, spread = over(row.variant, ours[row.variant])
+        out.append(dataclasses.replace(row, x_v0=x, x_v0_range=spread))
+    return out
 
 
 def _ranged(value: float | None, spread: tuple[float, float] | None, unit: str = "") -> str:

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuinfer.measure.timing import Timing
+from gpuinfer.measure.timing import Comparison, Timing
 from gpuinfer.report.borrowed import recordings_folder
 
 
@@ -79,3 +79,13 @@ def borrow(chapter: str, name: str, workload: dict, *, start: Path | None = None
         return Shared(None, f"{chapter}'s recording timed another workload "
                             f"({differ or 'other fields'})")
     return Shared(kept["timings"], f"timed in {chapter}'s recording on {workload.get('gpu')}")
+
+
+def apart(a: str, ours: Timing, b: str, theirs: Timing) -> Comparison:
+    """`a` (timed as `ours`) against `b` (`theirs`), timed in other rounds (another
+    chapter's): `ratio` is theirs' median over ours' (above 1: a is faster). Not timed in
+    the same rounds, so the range is the widest the two spreads allow: theirs' fastest
+    round over ours' slowest, to theirs' slowest over ours' fastest."""
+    separated = ours.max < theirs.min or theirs.max < ours.min
+    return Comparison(a, b, theirs.median / ours.median, theirs.min / ours.max,
+                      theirs.max / ours.min, separated, min(ours.repeats, theirs.repeats))
