@@ -291,6 +291,10 @@ def test_a_symlink_loop_names_the_file(saved, tmp_path):
     with pytest.raises(FileNotFoundError, match="symlink that cannot be followed") as exc:
         load_llama(folder)
     assert str(folder / WEIGHTS) in first_line(exc)
+    looped = tmp_path / "looped"
+    looped.symlink_to(looped)  # the folder itself
+    with pytest.raises(FileNotFoundError, match=f"{looped}: a symlink that cannot be"):
+        load_llama(looped)
 
 
 @pytest.mark.parametrize("text", ["[]", "{", "3"])

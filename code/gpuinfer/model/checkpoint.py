@@ -44,8 +44,8 @@ def same_device(where: torch.device, asked: torch.device) -> bool:
 
 
 def readable(path: Path) -> bool:
-    """Whether `path` is a file; refused, naming it, where it is a symlink that leads
-    nowhere or to itself (a loop), which `is_file` reports as missing."""
+    """Whether `path` exists; refused, naming it, where it is a symlink that leads
+    nowhere or to itself (a loop), which `exists` reports as missing."""
     if path.is_symlink() and not path.exists():
         try:
             path.stat()
@@ -53,7 +53,7 @@ def readable(path: Path) -> bool:
             raise FileNotFoundError(f"{path}: a symlink that cannot be followed "
                                     f"({exc.strerror}); point it at the real file, or "
                                     "copy the file there") from None
-    return path.is_file()
+    return path.exists()
 
 
 def check_config_file(path: Path) -> None:

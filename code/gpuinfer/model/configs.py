@@ -227,7 +227,7 @@ def load_llama(source, *, dtype: torch.dtype = torch.bfloat16,
         raise TypeError(f"load_llama takes a LlamaForCausalLM or a checkpoint folder, not "
                         f"{type(source).__name__}")
     folder = Path(source)
-    if not readable(folder / "config.json"):
+    if not readable(folder) or not readable(folder / "config.json"):
         raise FileNotFoundError(f"{folder}: no config.json there; give the folder that "
                                 "save_pretrained() wrote (config.json and the weights)")
     check_config_file(folder / "config.json")
