@@ -248,3 +248,96 @@ def test_a_folder_without_weights_is_refused(saved, tmp_path):
     shutil.copy(saved / "tied" / "config.json", folder)
     with pytest.raises(FileNotFoundError, match="no weights there"):
         load_llama(folder)
+
+
+# Damaged checkpoints and nonsense values: one line naming the file or value and the fix
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, value", [
+    ("num_key_value_heads", 0), ("hidden_size", 0), ("intermediate_size", -1),
+    ("num_hidden_layers", 0), ("vocab_size", 0), ("max_position_embeddings", 0),
+    ("head_dim", 0), ("rms_norm_eps", 0.0), ("rms_norm_eps", float("nan"))])
+def test_nonsense_sizes_in_a_config_are_refused(name, value):
+    with pytest.raises(ValueError, match=f"{name}={value!r} in the model's config") as exc:
+        check_llama(model_config("reduced", **{name: value}))
+    assert "fix the config" in first_line(exc)
+
+
+def copied(saved, tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(saved / "tied", folder)
+    return folder
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda f: f.write_bytes(b""), "empty"),
+    (lambda f: f.write_bytes(f.read_bytes()[:4]), "truncated"),
+    (lambda f: f.write_bytes(f.read_bytes()[:1000]), "truncated"),
+    (lambda f: f.write_bytes(f.read_bytes()[:-10]), "truncated"),
+])
+def test_an_empty_or_truncated_safetensors_names_the_file_and_the_fix(
+        saved, tmp_path, damage, words):
+    folder = copied(saved, tmp_path)
+    damage(folder / WEIGHTS)
+    with pytest.raises(ValueError, match=words) as exc:
+        load_llama(folder)
+    assert str(folder / WEIGHTS) in first_line(exc) and "save_pretrained" in first_line(exc)
+
+
+def test_a_symlink_loop_names_the_file(saved, tmp_path):
+    folder = copied(saved, tmp_path)
+    (folder / WEIGHTS).unlink()
+    (folder / WEIGHTS).symlink_to(folder / WEIGHTS)
+    with pytest.raises(FileNotFoundError, match="symlink that cannot be followed") as exc:
+        load_llama(folder)
+    assert str(folder / WEIGHTS) in first_line(exc)
+    looped = tmp_path / "looped"
+    looped.symlink_to(looped)  # the folder itself
+    with pytest.raises(FileNotFoundError, match=f"{looped}: a symlink that cannot be"):
+        load_llama(looped)
+
+
+@pytest.mark.parametrize("text", ["[]", "{", "3"])
+def test_a_config_json_that_is_not_an_object_names_the_file(saved, tmp_path, text):
+    folder = copied(saved, tmp_path)
+    (folder / "config.json").write_text(text)
+    with pytest.raises(ValueError, match="config.json") as exc:
+        load_llama(folder)
+    assert str(folder / "config.json") in first_line(exc)
+    assert "save_pretrained" in first_line(exc)
+
+
+def test_an_integer_weight_is_refused_not_cast(saved, tmp_path):
+    def to_int(tensors):
+        tensors["model.norm.weight"] = tensors["model.norm.weight"].to(torch.int32)
+    with pytest.raises(ValueError, match="tensor model.norm.weight is I32") as exc:
+        load_llama(broken(saved, tmp_path, to_int))
+    assert "cast" in first_line(exc)
+    model = reduced()
+    model.model.norm.weight = torch.nn.Parameter(  # no safetensors to read: the module
+        torch.ones(64, dtype=torch.int32, device=DEVICE), requires_grad=False)
+    with pytest.raises(TypeError, match="weight model.norm.weight is torch.int32"):
+        load_llama(model)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")])
+def test_a_nan_or_inf_weight_is_refused_at_load_by_name(saved, tmp_path, bad):
+    def poison(tensors):
+        tensors["model.layers.1.self_attn.o_proj.weight"][3, 4] = bad
+    with pytest.raises(ValueError, match="weight model.layers.1.self_attn.o_proj.weight "
+                                         "holds NaN or infinite values"):
+        load_llama(broken(saved, tmp_path, poison))
+
+
+def test_a_gpu_that_is_not_there_is_refused_before_the_load(saved, monkeypatch):
+    from transformers import LlamaForCausalLM
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded before the device was checked")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(LlamaForCausalLM, "from_pretrained", no_load)
+    with pytest.raises(ValueError, match="device='cuda': no CUDA GPU is visible"):
+        load_llama(saved / "tied", device="cuda")
+    with pytest.raises(ValueError, match="device='cuda:0': no CUDA GPU"):
+        StaticDecoder(saved / "tied", 1, 16, device="cuda:0")

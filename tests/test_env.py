@@ -3,6 +3,7 @@ host CPU: model, logical CPUs, clock; Triton's version), and the box a chapter o
 
 import os
 import platform
+import shutil
 
 import pytest
 
@@ -88,3 +89,82 @@ def test_announce_shows_the_host_triton_and_the_memory_cap(monkeypatch):
     monkeypatch.setattr(env, "cap_gpu_memory", lambda: None)  # no CUDA device
     env.announce()
     assert "| GPU memory cap | none (no CUDA device) |" in shown[-1].data
+
+
+# Scratch folders: clean-up deletes only what this package made (issue 56)
+# ---------------------------------------------------------------------------------------
+
+def dead_pid() -> int:
+    """The pid of a process that has ended."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    return int(proc.stdout)
+
+
+@pytest.fixture
+def tmpdir_of_test(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def test_a_scratch_folder_holds_its_marker_and_a_killed_runs_is_removed(tmpdir_of_test):
+    path = env.scratch_dir("test")
+    marker = os.path.join(path, env.SCRATCH_MARKER)
+    assert open(marker).read().strip() == str(os.getpid())
+    pid = dead_pid()  # as a run killed before its exit handler ran leaves one
+    left = tmpdir_of_test / f"gpuinfer-{pid}-artifacts-abc"
+    left.mkdir()
+    (left / env.SCRATCH_MARKER).write_text(f"{pid}\n")
+    assert env.remove_stale_scratch() == [str(left)]
+    assert os.path.isdir(path)  # this process's own stays
+
+
+def test_a_hand_made_look_alike_survives_clean_up(tmpdir_of_test):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pid = dead_pid()
+    mine = tmpdir_of_test / f"gpuinfer-{pid}-x"  # a person's folder: no marker
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    forged = tmpdir_of_test / f"gpuinfer-{pid}-y"  # a marker of another pid: not ours
+    forged.mkdir()
+    (forged / env.SCRATCH_MARKER).write_text("1\n")
+    assert env.remove_stale_scratch() == []
+    env.artifact_dir("ch")  # the call the chapters make (it cleans up on first use)
+    killed = tmpdir_of_test / f"gpuinfer-{pid}-z"  # a killed run's: --recover removes it
+    killed.mkdir()
+    (killed / env.SCRATCH_MARKER).write_text(f"{pid}\n")
+    book = tmpdir_of_test / "book"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "book", book,
+                    ignore=shutil.ignore_patterns("_build", "_recorded"))
+    path = os.pathsep.join([str(Path(env.__file__).parents[1]),
+                            os.environ.get("PYTHONPATH", "")])  # this tree's package
+    subprocess.run([sys.executable, "-m", "gpuinfer.publish.record", "--root", str(book),
+                    "--recover"], check=True, capture_output=True,
+                   env={**os.environ, "TMPDIR": str(tmpdir_of_test), "PYTHONPATH": path})
+    assert not killed.exists()  # --recover reached the clean-up
+    assert (mine / "notes.txt").read_text() == "keep me" and forged.is_dir()
+
+
+def test_provenance_parses_cpuinfo_once(host, monkeypatch):
+    import builtins
+
+    opened, real = [], builtins.open
+
+    def counting(path, *args, **kwargs):
+        opened.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting)
+    info = env.provenance()
+    assert opened.count(env.CPUINFO) == 1
+    assert info["cpu_model"] == "Intel(R) Xeon(R) Platinum 8480+"
+    assert info["cpu_clock_ghz"] == 2.0

@@ -4,6 +4,7 @@ keeps the decoder's state, a prefill included, or raises; clear errors for check
 the decoders do not cover."""
 
 import copy
+import sys
 
 import pytest
 import torch
@@ -278,3 +279,158 @@ def test_a_decoder_does_not_keep_its_model_alive(checkpoint):
     gc.collect()
     assert gone() is None  # the q/k/v and gate/up matrices it stacked are freed
     assert decoder.generate(torch.tensor([[1, 2, 3]], device=DEVICE), 4).shape == (1, 4)
+
+
+# A fault or a misuse mid-generation: the decoder stays right (issue 56)
+# ---------------------------------------------------------------------------------------
+
+def one_of_each(model, capacity=32):
+    return {"static": StaticDecoder(model, 1, capacity),
+            "triton": TritonDecoder(model, capacity=capacity)}
+
+
+def test_generating_no_tokens_after_a_prefill_changes_nothing(loaded, prompt):
+    for name, decoder in decoders(loaded).items():
+        decoder.prefill(prompt)
+        before = state(decoder)
+        assert decoder.generate(prompt, 0).shape == (1, 0), name
+        assert_state(decoder, before, name)
+        decoder.decode_step()  # goes on from the prompt, not from slot 0
+        assert decoder.host_pos == int(decoder.pos), name
+
+
+def test_an_exception_inside_generate_keeps_the_positions_in_step(loaded, prompt):
+    """Ctrl-C (any exception) in the k + 1-th step: the host's count and the device's
+    pos agree, and the capacity check still stops the steps at the last slot."""
+    k, capacity = 3, 32
+    for name, decoder in one_of_each(loaded, capacity).items():
+        eager = {"graph": False} if name == "triton" else {}  # a replay runs no Python
+        if name == "triton":
+            decoder.compile()  # its kernels built now, not by a run of the patched step
+        step, calls = decoder.device_step, []
+
+        def interrupted():
+            if len(calls) == k:
+                raise KeyboardInterrupt
+            calls.append(1)
+            step()
+
+        decoder.device_step = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            decoder.generate(prompt, 10, **eager)
+        del decoder.device_step
+        assert decoder.host_pos == int(decoder.pos) == prompt.shape[1] + k, name
+        with pytest.raises(IndexError, match="past the decoder's capacity"):
+            while True:
+                decoder.decode_step()
+        assert int(decoder.pos) == decoder.host_pos == capacity - 1, name
+
+
+def test_an_interrupted_prefill_leaves_no_prompt(loaded, prompt, monkeypatch):
+    for name, decoder in one_of_each(loaded).items():
+        decoder.prefill(prompt)
+
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
+
+        with monkeypatch.context() as m:  # the prompt's tokens written, then Ctrl-C
+            m.setattr(sys.modules[type(decoder).__module__], "forward", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                decoder.prefill(prompt)
+        with pytest.raises(ValueError, match="no prompt yet"):
+            decoder.decode_step()
+
+
+def test_a_load_state_dict_after_the_prefill_is_refused_at_the_next_step(checkpoint,
+                                                                          prompt):
+    model = load_llama(checkpoint, dtype=torch.float32, device=DEVICE)
+    other = LlamaForCausalLM(copy.deepcopy(model.config)).to(DEVICE).eval()
+    built = one_of_each(model)
+    for decoder in built.values():
+        decoder.prefill(prompt)
+    model.lm_head.load_state_dict(other.lm_head.state_dict())  # one module is enough
+    for name, decoder in built.items():
+        before = state(decoder)
+        for call in (decoder.decode_step, lambda: decoder.step_logits(prompt[:, :1])):
+            with pytest.raises(ValueError, match="weights changed.*build a new decoder"):
+                call()
+            assert_state(decoder, before, name)
+
+
+def test_decoder_for_never_hands_back_a_decoder_of_other_weights(checkpoint, prompt):
+    model = load_llama(checkpoint, dtype=torch.float32, device=DEVICE)
+    other = LlamaForCausalLM(copy.deepcopy(model.config)).to(DEVICE).eval()
+    first = runners.decoder_for(model, 1, 64)
+    first.prefill(prompt)
+    model.load_state_dict(other.state_dict())
+    second = runners.decoder_for(model, 1, 64)
+    assert second is not first
+    assert torch.equal(second.generate(prompt, 4), decode_naive(model, prompt, 4))
+    # A write past the version counter is not seen (documented): `rebuild` builds anew.
+    with torch.no_grad():
+        for p in model.model.layers[0].self_attn.q_proj.parameters():
+            p.data.mul_(3)
+    assert runners.decoder_for(model, 1, 64) is second  # unseen, as documented
+    third = runners.decoder_for(model, 1, 64, rebuild=True)
+    assert third is not second
+    assert torch.equal(third.generate(prompt, 4), decode_naive(model, prompt, 4))
+
+
+def test_writes_past_the_version_counter_are_documented_with_the_rebuild():
+    from pathlib import Path
+
+    docs = (StaticDecoder.__doc__, TritonDecoder.__doc__, interface.WeightsSeen.__doc__)
+    for doc in docs:
+        assert "p.data.mul_" in doc and "inference" in doc
+    page = (Path(__file__).parents[1] / "book" / "your_model.md").read_text()
+    assert "p.data" in page and "rebuild=True" in page
+
+
+def test_the_load_hooks_go_with_the_decoder(loaded):
+    import gc
+
+    def hooks():
+        return sum(len(m._load_state_dict_post_hooks) for m in loaded.modules())
+
+    gc.collect()  # the decoders of earlier tests
+    before = hooks()
+    decoder = StaticDecoder(loaded, 1, 16)
+    assert hooks() > before
+    del decoder
+    gc.collect()
+    assert hooks() == before
+    copy.deepcopy(loaded)  # a copy of a model with a decoder's hooks is a plain model
+
+
+def test_a_model_elsewhere_than_device_is_refused(loaded):
+    other = "cpu" if DEVICE == "cuda" else "meta"
+    for build in (lambda: StaticDecoder(loaded, 1, 16, device=other),
+                  lambda: TritonDecoder(loaded, capacity=16, device=other)):
+        with pytest.raises(ValueError, match=f"device='{other}' but the model's weights"):
+            build()
+
+
+@pytest.mark.parametrize("batch", [0, -1, 2.0, True, "1"])
+def test_a_batch_that_is_not_a_count_is_refused(loaded, batch):
+    with pytest.raises(ValueError, match=f"batch={batch!r}: a number of sequences"):
+        StaticDecoder(loaded, batch, 16)
+    with pytest.raises(NotImplementedError, match=f"not {batch!r}"):
+        TritonDecoder(loaded, batch=batch, capacity=16)
+
+
+def test_a_misspelt_option_key_is_refused_naming_the_keys(loaded):
+    with pytest.raises(ValueError, match=r"configs=.*'qvk'.*qkv, o, gate_up"):
+        TritonDecoder(loaded, capacity=16, configs={"qvk": None})
+    with pytest.raises(ValueError, match=r"attention=.*'nsplit'.*n_split"):
+        TritonDecoder(loaded, capacity=16, attention={"nsplit": 2})
+
+
+def test_a_nan_or_inf_weight_is_refused_when_a_decoder_is_built(loaded):
+    model = copy.deepcopy(loaded)
+    for bad in (float("nan"), float("inf")):
+        with torch.no_grad():
+            model.model.layers[1].mlp.down_proj.weight[0, 0] = bad
+        for build in (lambda: StaticDecoder(model, 1, 16),
+                      lambda: TritonDecoder(model, capacity=16)):
+            with pytest.raises(ValueError, match="model.layers.1.mlp.down_proj.weight"):
+                build()

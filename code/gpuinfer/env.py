@@ -92,18 +92,27 @@ def _version(package: str) -> str | None:
 CPUINFO = "/proc/cpuinfo"  # Linux's description of the host's CPUs
 
 
-def cpu_model() -> str:
-    """The host CPU's model as Linux names it ('model name' in /proc/cpuinfo, e.g. 'AMD
-    EPYC 9654 96-Core Processor'); elsewhere what the platform says, else its architecture."""
+def cpuinfo() -> dict[str, str]:
+    """Each field's first value in /proc/cpuinfo ({'model name': ..., 'cpu MHz': ...}),
+    read once for `cpu_model` and `cpu_clock`; empty where there is no such file."""
+    fields: dict[str, str] = {}
     try:
         with open(CPUINFO, encoding="utf8", errors="replace") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() == "model name" and value.strip():
-                    return value.strip()
+                if value.strip():
+                    fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    return fields
+
+
+def cpu_model(info: dict[str, str] | None = None) -> str:
+    """The host CPU's model as Linux names it ('model name' in /proc/cpuinfo, e.g. 'AMD
+    EPYC 9654 96-Core Processor'); elsewhere what the platform says, else its architecture.
+    `info`: `cpuinfo()` already read."""
+    name = (cpuinfo() if info is None else info).get("model name")
+    return name or platform.processor() or platform.machine() or "unknown"
 
 
 def logical_cpus() -> int:
@@ -121,10 +130,11 @@ CLOCK_SOURCES = ((CPUFREQ + "scaling_max_freq", "maximum (cpufreq scaling_max_fr
                  (CPUFREQ + "cpuinfo_max_freq", "maximum (cpufreq cpuinfo_max_freq)"))
 
 
-def cpu_clock() -> tuple[float | None, str | None]:
+def cpu_clock(info: dict[str, str] | None = None) -> tuple[float | None, str | None]:
     """(the CPU's clock in GHz, which clock it is), or (None, None) where none is readable.
     The maximum from cpufreq where the kernel exposes it; else the 'cpu MHz' of
-    /proc/cpuinfo, the clock of the moment (a VM often shows its nominal clock there)."""
+    /proc/cpuinfo, the clock of the moment (a VM often shows its nominal clock there).
+    `info`: `cpuinfo()` already read."""
     for path, said in CLOCK_SOURCES:
         try:
             with open(path, encoding="utf8") as f:
@@ -134,14 +144,10 @@ def cpu_clock() -> tuple[float | None, str | None]:
         if khz > 0:
             return round(khz / 1e6, 2), said
     try:
-        with open(CPUINFO, encoding="utf8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "cpu MHz":
-                    return round(float(value) / 1e3, 2), "current (/proc/cpuinfo cpu MHz)"
-    except (OSError, ValueError):
-        pass
-    return None, None
+        mhz = float((cpuinfo() if info is None else info)["cpu MHz"])
+    except (KeyError, ValueError):
+        return None, None
+    return round(mhz / 1e3, 2), "current (/proc/cpuinfo cpu MHz)"
 
 
 def triton_version() -> str | None:
@@ -161,7 +167,8 @@ def provenance() -> dict:
     """What produced a run: hardware (the GPU and the host CPU: host-bound figures, such as
     launch costs, depend on it), software versions and the date (UTC)."""
     props = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
-    clock_ghz, clock_source = cpu_clock()
+    info = cpuinfo()  # one parse for the model and the clock
+    clock_ghz, clock_source = cpu_clock(info)
     return {
         "gpu": gpu_name(),
         "gpu_memory_gib": round(props.total_memory / 2**30, 1) if props else None,
@@ -173,7 +180,7 @@ def provenance() -> dict:
         "transformers": _version("transformers"),
         "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(),  # the architecture, as before
-        "cpu_model": cpu_model(),
+        "cpu_model": cpu_model(info),
         "cpu_count": logical_cpus(),
         "cpu_clock_ghz": clock_ghz,
         "cpu_clock_source": clock_source,
@@ -244,20 +251,28 @@ def artifact_dir(chapter: str) -> str:
 
 
 SCRATCH_PREFIX = "gpuinfer-"
+# The file every scratch folder holds first, with the pid of the process that made it:
+# clean-up deletes only folders that hold it, never a look-alike a person made by hand.
+SCRATCH_MARKER = ".gpuinfer-scratch"
 
 
 def scratch_dir(kind: str) -> str:
-    """A new folder `gpuinfer-<pid>-<kind>-...` in the temporary directory, removed when
-    this process exits. One left behind by a process that was killed (no exit handler runs
-    then) is removed by the next call, once its process is gone."""
+    """A new folder `gpuinfer-<pid>-<kind>-...` in the temporary directory, its marker
+    (SCRATCH_MARKER) written first, removed when this process exits. One left behind by
+    a process that was killed (no exit handler runs then) is removed by the next call,
+    once its process is gone."""
     remove_stale_scratch()
     path = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-{kind}-")
+    with open(os.path.join(path, SCRATCH_MARKER), "w", encoding="utf8") as f:
+        f.write(f"{os.getpid()}\n")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
 
 
 def remove_stale_scratch() -> list[str]:
-    """Remove the scratch folders of processes that no longer run; return their paths."""
+    """Remove the scratch folders (`scratch_dir`: `gpuinfer-<pid>-...` holding the marker
+    with that pid) of processes that no longer run; return their paths. A folder without
+    the marker is not this package's: it stays, whatever its name."""
     removed = []
     for name in os.listdir(tempfile.gettempdir()):
         ours = name.startswith(SCRATCH_PREFIX)
@@ -266,6 +281,13 @@ def remove_stale_scratch() -> list[str]:
         if pid is None or pid == os.getpid() or _alive(pid):
             continue
         path = os.path.join(tempfile.gettempdir(), name)
+        try:  # the marker, and the pid the folder's name says in it
+            with open(os.path.join(path, SCRATCH_MARKER), encoding="utf8") as f:
+                marked = f.read(32).strip() == str(pid)
+        except OSError:
+            marked = False
+        if os.path.islink(path) or not marked:  # not made by scratch_dir: not ours
+            continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed

@@ -12,10 +12,13 @@ checked step on a given token (teacher forcing); `generate` runs a whole generat
 Checked calls refuse what would give a wrong answer or write outside a buffer, before
 any kernel runs, and leave the decoder as it was: a prompt that is not integer token
 ids in [0, vocab), an empty one, one that does not fit; a step past the capacity; a
-model whose weights changed since the decoder was built. A step's position is counted
-on the host (`host_pos`: set by `prefill` and `generate`, advanced by `decode_step` and
-`step_logits`), never read from the device. A captured step's replay and `device_step`
-are unchecked: they run what they are given, at full speed.
+model whose weights changed since the decoder was built (`WeightsSeen`: writes that
+bypass PyTorch's version counter, `p.data` or an inference tensor's, are not seen; build
+the decoder again after them). A step's position is counted on the host (`host_pos`:
+set by `prefill`, None while a prefill writes, advanced by `decode_step`,
+`step_logits` and each step `generate` queues), never read from the device. A captured
+step's replay and `device_step` are unchecked: they run what they are given, at full
+speed.
 
 `graphed_step` captures a step. Capture runs the step a few times first (warm-up:
 compilation, library workspaces, on a side stream), and each run writes a token, a
@@ -68,6 +71,15 @@ def check_capacity(config, capacity: int) -> None:
                          "a prompt and generation within them")
 
 
+def check_keys(what: str, given: dict | None, known) -> None:
+    """Refuse a key of an options dict (`what`) that the decoder does not read: a
+    misspelt one would be ignored. Names the valid ones."""
+    unknown = sorted(set(given or ()) - set(known))
+    if unknown:
+        raise ValueError(f"{what} has {', '.join(map(repr, unknown))}: not a key it "
+                         f"reads; the keys are {', '.join(known)}")
+
+
 def check_ids(decoder: Decoder, ids, what: str = "prompt") -> None:
     """Refuse, before a kernel reads them, token ids that are not a non-empty (batch,
     length) integer tensor of ids in [0, vocab): an embedding read with an id outside
@@ -112,6 +124,9 @@ def check_step(decoder: Decoder, writes: int = 1) -> int:
     """Refuse a step from Python whose writes reach `writes` slots past pos (a token
     at pos + 1: 1) at or beyond the capacity, by the host's count of pos (no device
     read); returns that count. The step's caller advances `host_pos` after it."""
+    seen = getattr(decoder, "seen", None)  # a load_state_dict since the prefill
+    if seen is not None:
+        seen.check_reload()
     if decoder.host_pos is None:
         raise ValueError("no prompt yet: call prefill(prompt_ids) (or generate) before "
                          "stepping the decoder")
@@ -124,16 +139,26 @@ def check_step(decoder: Decoder, writes: int = 1) -> int:
 
 
 class WeightsSeen:
-    """A model's weights as a decoder saw them when it was built: each tensor's
-    identity, address and version counter (inference tensors have none), so that a
-    decoder notices a change it would otherwise decode past (its stacked and quantized
-    matrices are copies): `load_state_dict`, `.to(...)`, a replaced parameter. The model
+    """A model's weights as a decoder saw them when it was built, so that a decoder
+    notices a change it would otherwise decode past (its stacked and quantized matrices
+    are copies). Two checks: `check`, at every prefill, compares each tensor's identity,
+    address and version counter (inference tensors have none): a replaced parameter,
+    `.to(...)`, an in-place write; `check_reload`, at every checked step, reads one flag
+    that a `load_state_dict` into the model (or any of its modules) sets through a hook,
+    so that a load after the prefill is refused before the next step (a Python attribute
+    read: nothing on the device). Writes that bypass the version counter
+    (`p.data.mul_(...)`, any write to an inference tensor, e.g. of a model built inside
+    `torch.inference_mode`) are not seen: after them, build the decoder again. The model
     is held weakly: a decoder does not keep it alive, and once it is gone nothing can
     change it."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = weakref.ref(model)
         self.seen = self._now(model)
+        self.reloaded = False  # set by the hooks below
+        mark = MarkReloaded(self)
+        hooks = [m.register_load_state_dict_post_hook(mark) for m in model.modules()]
+        weakref.finalize(self, _remove_hooks, hooks)  # none left on the model after
 
     @staticmethod
     def _now(model: torch.nn.Module) -> dict[str, tuple]:
@@ -142,8 +167,16 @@ class WeightsSeen:
         return {name: (id(t), t.data_ptr(), version(t))
                 for name, t in model.state_dict(keep_vars=True).items()}
 
+    def check_reload(self) -> None:
+        """Raise if a load_state_dict reached the model since the decoder was built."""
+        if self.reloaded:
+            raise ValueError("the model's weights changed (a load_state_dict) since "
+                             "this decoder was built: build a new decoder "
+                             "(decode.runners.decoder_for does it for you)")
+
     def check(self) -> None:
         """Raise if any weight changed since the decoder was built."""
+        self.check_reload()
         model = self.model()
         if model is None:
             return
@@ -154,6 +187,28 @@ class WeightsSeen:
                              f"({', '.join(sorted(changed)[:3])}"
                              f"{', ...' if len(changed) > 3 else ''}): build a new decoder "
                              "(decode.runners.decoder_for does it for you)")
+
+
+class MarkReloaded:
+    """The load_state_dict hook of `WeightsSeen`: sets its `reloaded`. It holds it
+    weakly (a hook must not keep a decoder alive), and a model pickled with it (torch.
+    save of a whole model) gets a hook that does nothing: no decoder saw the copy."""
+
+    def __init__(self, seen: WeightsSeen | None):
+        self.seen = None if seen is None else weakref.ref(seen)
+
+    def __call__(self, module, incompatible_keys) -> None:
+        seen = self.seen and self.seen()
+        if seen is not None:
+            seen.reloaded = True
+
+    def __reduce__(self):
+        return MarkReloaded, (None,)
+
+
+def _remove_hooks(hooks) -> None:
+    for hook in hooks:
+        hook.remove()
 
 
 def generate(decoder: Decoder, prompt_ids: torch.Tensor, new_tokens: int,
@@ -170,8 +225,10 @@ def generate(decoder: Decoder, prompt_ids: torch.Tensor, new_tokens: int,
         decoder.prefill(prompt_ids.to(decoder.tokens.device))
         for _ in decode_steps(range(1, new_tokens)):  # marks each step for the profiler
             step()
+            # Counted as each step is queued, not at the end: an exception (Ctrl-C) in
+            # a later step leaves the host's count and the device's pos in step.
+            decoder.host_pos += 1
     start = prompt_ids.shape[1]
-    decoder.host_pos = start + new_tokens - 1
     # A copy, never a view: on a CPU .cpu() would return the decoder's own buffer,
     # which the next generation overwrites. (The one host sync.)
     return decoder.tokens[:, start: start + new_tokens].to("cpu", copy=True)

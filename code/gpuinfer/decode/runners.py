@@ -177,16 +177,21 @@ def runner_before_prefill(decoder: Decoder, mode: Mode) -> Callable[[], object]:
 
 
 def decoder_for(model: LlamaForCausalLM, batch: int, capacity: int, *,
-                attention: str = "matmul") -> StaticDecoder:
+                attention: str = "matmul", rebuild: bool = False) -> StaticDecoder:
     """The StaticDecoder of `model` for this batch, capacity and attention kernel, built on
     first use and kept while the model lives, with its graphs and compiled steps, as
-    generate()'s static cache is; built anew when the model's weights changed."""
+    generate()'s static cache is; built anew when the model's weights changed (a
+    replaced or moved parameter, an in-place write, a `load_state_dict`, before or after
+    a prefill: `interface.WeightsSeen`), and with `rebuild` (after writes that bypass
+    PyTorch's version counter, `p.data.mul_(...)`, which no check sees cheaply)."""
     per_model = _kept_on(model, "_gpuinfer_decoders")
     key = (batch, capacity, attention, model.dtype, model.device)  # .to(...): a new one
     if key in per_model:
         try:
             per_model[key].seen.check()
         except ValueError:  # load_state_dict, a replaced parameter: decode the new ones
+            rebuild = True
+        if rebuild:
             del per_model[key]
     if key not in per_model:
         # Ordinary tensors even if the caller is in inference mode: the state is written in

@@ -42,18 +42,29 @@ class StaticDecoder:
     in tensors allocated once (`cache`, `tokens`, `pos`), so every call of
     `device_step` launches the same kernels on the same addresses. `attention` picks the
     attention kernel (see `attention`). `model`: a LlamaForCausalLM, or a checkpoint
-    folder, loaded on `device` (default: the GPU if there is one).
+    folder, loaded on `device` (default: the GPU if there is one); a model must already
+    be on `device` when one is given.
+
+    The decoder shares the model's tensors but stacks q/k/v and gate/up into copies: a
+    change to the weights is refused at the next prefill, and a `load_state_dict` at the
+    next checked step (`interface.WeightsSeen`). Writes that bypass PyTorch's version
+    counter (`p.data.mul_(...)`, writes to a model whose tensors were made inside
+    `torch.inference_mode`) cannot be seen without reading every weight: after one,
+    build the decoder again (`StaticDecoder(model, batch, capacity)`, or
+    `runners.decoder_for(model, ..., rebuild=True)`).
     """
 
     def __init__(self, model, batch: int, capacity: int, *, attention: str = "matmul",
                  weights: WeightFormat = AS_STORED, device=None):
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch={batch!r}: a number of sequences, an int >= 1")
         if device is None and not hasattr(model, "config"):
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = load_llama(model, **({} if device is None else {"device": device}))
+        model = load_llama(model, device=device)  # a module: checked to be on `device`
         check_attention(attention)  # now, not at the first step
         check_capacity(model.config, capacity)
         self.batch, self.capacity, self.attention = batch, capacity, attention
-        self.seen = WeightsSeen(model)  # checked at every prefill
+        self.seen = WeightsSeen(model)  # checked at every prefill, reloads at every step
         # The model's weights, shared (detach() makes no copy), except the stacked ones.
         self.weights = weights_of(model, weights)
         w = self.weights
@@ -106,6 +117,7 @@ class StaticDecoder:
         """
         check_prompt(self, prompt_ids)
         self.seen.check()
+        self.host_pos = None  # until the prefill is whole: an interrupted one is no prompt
         length = prompt_ids.shape[1]
         self.tokens[:, :length].copy_(prompt_ids)
         logits = self.logits(self.tokens[:, :length], self.cache.slots[:length])

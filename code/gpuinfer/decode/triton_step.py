@@ -40,7 +40,7 @@ from dataclasses import replace
 import torch
 import triton
 
-from gpuinfer.decode.interface import (WeightsSeen, check_capacity, check_ids,
+from gpuinfer.decode.interface import (WeightsSeen, check_capacity, check_ids, check_keys,
                                        check_prompt, check_step, generate, graphed_step)
 from gpuinfer.kernels.attention import AttentionWorkspace, decode_attention
 from gpuinfer.kernels.common import INTERPRETED, Workspace, compile_ahead, pdl_supported
@@ -55,6 +55,7 @@ from gpuinfer.model.llama import AS_STORED, KVCache, WeightFormat, forward, rota
 
 
 MAX_QUERY = 17  # the most tokens a pass takes: a verify pass of up to 16 proposals
+ATTENTION_OPTIONS = ("n_split", "block_s", "num_warps")  # what `attention=` may set
 
 
 class TritonDecoder:
@@ -77,7 +78,11 @@ class TritonDecoder:
     verify passes; its buffers hold a row per token, row 0 a step's).
     `model`: a LlamaForCausalLM or a checkpoint folder (`model.configs.load_llama`),
     loaded on `device` (default: where the kernels run, the GPU unless they are
-    interpreted).
+    interpreted); a model must already be on `device` when one is given.
+
+    A change to the weights is refused at the next prefill, a `load_state_dict` at the
+    next checked step (`interface.WeightsSeen`); writes that bypass the version counter
+    (`p.data.mul_`, an inference tensor's) are not seen: build a new TritonDecoder.
     """
 
     def __init__(self, model, batch: int = 1, capacity: int = 1024,
@@ -89,12 +94,14 @@ class TritonDecoder:
                 not 1 <= max_query <= MAX_QUERY:
             raise ValueError(f"max_query={max_query!r}: the most tokens a pass takes, "
                              f"an int in 1 ... {MAX_QUERY}")
-        if batch != 1:
+        if batch != 1 or type(batch) is not int:  # 1.0 and True are not a batch
             raise NotImplementedError(f"TritonDecoder decodes one sequence (batch=1), "
-                                      f"not {batch}: its kernels are batch-1 GEMVs")
+                                      f"not {batch!r}: its kernels are batch-1 GEMVs")
         if device is None and not hasattr(model, "config"):
             device = "cpu" if INTERPRETED else "cuda"
-        model = load_llama(model, **({} if device is None else {"device": device}))
+        model = load_llama(model, device=device)  # a module: checked to be on `device`
+        check_keys("TritonDecoder(configs=...)", configs, GEMVS)
+        check_keys("TritonDecoder(attention=...)", attention, ATTENTION_OPTIONS)
         cfg = model.config
         check_capacity(cfg, capacity)
         where = model.lm_head.weight.device
@@ -105,7 +112,7 @@ class TritonDecoder:
                 "device='cuda')), or set TRITON_INTERPRET=1 before importing the kernels "
                 "to interpret them on the CPU (slowly)")
         self.batch, self.capacity = batch, capacity
-        self.seen = WeightsSeen(model)  # checked at every prefill
+        self.seen = WeightsSeen(model)  # checked at every prefill, reloads at every step
         self.model_weights = weights_of(model, weights)  # the stacked q/k/v and gate/up
         w = self.model_weights
         self.n_heads, self.n_kv, self.head_dim, self.eps = (w.n_heads, w.n_kv_heads,
@@ -281,6 +288,7 @@ class TritonDecoder:
         a captured graph stays valid. Returns the logits of the last prompt position."""
         check_prompt(self, prompt_ids)
         self.seen.check()
+        self.host_pos = None  # until the prefill is whole: an interrupted one is no prompt
         length = prompt_ids.shape[1]
         self.tokens[:, :length].copy_(prompt_ids)
         logits = forward(self.model_weights, self.cache, self.tokens[:, :length],
@@ -333,5 +341,8 @@ class TritonDecoder:
         """`new_tokens` greedy tokens after the prompt: int64 CPU (1, new_tokens)."""
         check_prompt(self, prompt_ids, new_tokens)  # refused before the state changes
         self.seen.check()
+        if new_tokens == 0:  # nothing to decode: the state stays as it was
+            return torch.empty((prompt_ids.shape[0], 0), dtype=torch.int64)
+        self.host_pos = None  # pos is about to leave the last prompt's count
         self.pos.zero_()  # a first capture finds room; the prefill replaces the state
         return generate(self, prompt_ids, new_tokens, self.step_function(graph))

@@ -14,10 +14,14 @@ shapes, not on the values. `CONFIGS` holds every model the book runs:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+
+from gpuinfer.model.checkpoint import (check_config_file, check_device, check_safetensors,
+                                        check_weights, readable, same_device)
 
 _TINY = dict(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
              num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=2048,
@@ -118,6 +122,7 @@ def check_llama(config) -> None:
             f"rope_parameters rope_type={rope!r}: the decoders take each slot's rotary "
             f"angle from one table computed up front, exact for {', '.join(taken)} only; "
             f"{Implemented.INSTEAD}")
+    check_sizes(config)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     if heads % kv_heads:
         raise ValueError(f"num_attention_heads={heads} is not a multiple of "
@@ -127,6 +132,29 @@ def check_llama(config) -> None:
         raise ValueError(f"head_dim=None and hidden_size={config.hidden_size} is not a "
                          f"multiple of num_attention_heads={heads}: set head_dim in the "
                          "config to the width of the checkpoint's heads")
+
+
+# The config's sizes the decoders read: each a whole number of at least one.
+SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+         "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
+
+
+def check_sizes(config) -> None:
+    """Refuse a size that is not an int >= 1 (`SIZES`, and head_dim where set) or an
+    rms_norm_eps that is not a finite number > 0: transformers builds such a model, and
+    the decoders would divide by zero or decode nonsense."""
+    sizes = [(n, getattr(config, n, None)) for n in SIZES]
+    if getattr(config, "head_dim", None) is not None:
+        sizes.append(("head_dim", config.head_dim))
+    for name, value in sizes:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} in the model's config: a size, an int "
+                             ">= 1; fix the config (or use the one that came with the "
+                             "weights)")
+    eps = getattr(config, "rms_norm_eps", None)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
+        raise ValueError(f"rms_norm_eps={eps!r} in the model's config: a number > 0 "
+                         "(Llama's 1e-5 or 1e-6); fix the config")
 
 
 def check_modules(model: LlamaForCausalLM) -> None:
@@ -175,27 +203,41 @@ def check_modules(model: LlamaForCausalLM) -> None:
 
 
 def load_llama(source, *, dtype: torch.dtype = torch.bfloat16,
-               device: torch.device | str = "cpu",
+               device: torch.device | str | None = None,
                attn_implementation: str = "sdpa") -> LlamaForCausalLM:
-    """A Llama to decode: `source` is a `LlamaForCausalLM` (returned as it is, checked) or
-    the path of a local checkpoint folder (`save_pretrained`'s), loaded in `dtype` on
-    `device`, in eval mode. Nothing is downloaded. A folder is loaded strictly: a tensor
-    missing (which transformers would fill at random), unexpected or of another shape
-    than its config's is refused."""
+    """A Llama to decode: `source` is a `LlamaForCausalLM` (returned as it is, checked:
+    on `device` if one is given) or the path of a local checkpoint folder
+    (`save_pretrained`'s), loaded in `dtype` on `device` (default the CPU), in eval mode.
+    Nothing is downloaded. A folder is loaded strictly: a tensor missing (which
+    transformers would fill at random), unexpected or of another shape than its config's
+    is refused, and so is a damaged file (`model.checkpoint`). Either way a weight that is
+    not a finite floating-point number is refused, by name."""
+    asked = None if device is None else check_device(device)  # before any load
     if isinstance(source, LlamaForCausalLM):
         check_llama(source.config)
         check_modules(source)
+        where = source.lm_head.weight.device
+        if asked is not None and not same_device(where, asked):
+            raise ValueError(f"device={device!r} but the model's weights are on {where}: "
+                             f"move the model there first (model.to({str(asked)!r})), or "
+                             "leave device out")
+        check_weights(source)
         return source
     if not isinstance(source, (str, Path)):
         raise TypeError(f"load_llama takes a LlamaForCausalLM or a checkpoint folder, not "
                         f"{type(source).__name__}")
     folder = Path(source)
-    if not (folder / "config.json").is_file():
+    if not readable(folder) or not readable(folder / "config.json"):
         raise FileNotFoundError(f"{folder}: no config.json there; give the folder that "
                                 "save_pretrained() wrote (config.json and the weights)")
+    check_config_file(folder / "config.json")
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     check_llama(config)
-    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+    files = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
+    for file in files:
+        if readable(file) and file.suffix == ".safetensors":
+            check_safetensors(file)
+    if not files:
         raise FileNotFoundError(f"{folder}: no weights there (*.safetensors or *.bin); give "
                                 "the folder that save_pretrained() wrote")
     # ignore_mismatched_sizes: a tensor of the wrong shape is reported with the others
@@ -205,7 +247,9 @@ def load_llama(source, *, dtype: torch.dtype = torch.bfloat16,
         output_loading_info=True, ignore_mismatched_sizes=True)
     check_loaded(folder, config, info)
     check_modules(model)
-    return model.to(device).eval()
+    model = model.to(asked or "cpu").eval()
+    check_weights(model)
+    return model
 
 
 def check_loaded(folder: Path, config, info: dict) -> None:
