@@ -71,24 +71,18 @@ def test_host_text_of_a_recording_and_of_one_made_before_it_was_recorded():
     assert env.host_text({"cpu": "x86_64", "gpu": "NVIDIA H200"}) == "not recorded"
 
 
-def test_announce_shows_the_host_triton_and_the_memory_cap(monkeypatch):
+def test_announce_caps_memory_and_shows_only_the_smoke_warning(monkeypatch):
     import IPython.display
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
     monkeypatch.setattr(env, "cap_gpu_memory", lambda: 21.0)  # what a GPU run returns
+    monkeypatch.setattr(env, "provenance", lambda: {"smoke": False, "gpu": "NVIDIA H200"})
     info = env.announce()
-    table = shown[-1].data
-    rows = dict(line.strip("|").split("|", 1) for line in table.splitlines()[2:])
-    rows = {k.strip(): v.strip() for k, v in rows.items()}
-    assert rows["Host CPU"] == env.host_text(info)
-    assert rows["GPU memory cap"].startswith("21 GiB") and \
-        f"{env.GPU_BUDGET_GIB:g} GiB budget" in rows["GPU memory cap"]
-    assert rows["torch / Triton / transformers"].split(" / ")[1] == (info["triton"] or "-")
-    assert info["gpu_memory_cap_gib"] == 21.0
-    monkeypatch.setattr(env, "cap_gpu_memory", lambda: None)  # no CUDA device
+    assert info["gpu_memory_cap_gib"] == 21.0 and shown == []  # the page's box shows it
+    monkeypatch.setattr(env, "provenance", lambda: {"smoke": True, "gpu": None})
     env.announce()
-    assert "| GPU memory cap | none (no CUDA device) |" in shown[-1].data
+    assert [env.SMOKE_WARNING in obj.data for obj in shown] == [True]
 
 
 # Scratch folders: clean-up deletes only what this package made (issue 56)

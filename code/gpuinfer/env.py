@@ -200,9 +200,10 @@ def host_text(info: dict) -> str:
 
 
 def announce() -> dict:
-    """Show, at the top of a chapter, what this run executes on; warn loudly in smoke mode.
-    On a GPU, first cap this process's memory at GPU_BUDGET_GIB (cap_gpu_memory): the
-    chapter then runs on a card of that size.
+    """At the top of a chapter: cap this process's memory at GPU_BUDGET_GIB on a GPU
+    (cap_gpu_memory), so the chapter runs on a card of that size, and warn loudly in
+    smoke mode. What the run executes on is not shown here: the record command keeps it
+    in the recording's provenance, and the page shows it in its "Recorded on" box.
 
     Returns the provenance dict, and the cap as "gpu_memory_cap_gib", so the chapter can
     glue its fields into the prose.
@@ -213,20 +214,6 @@ def announce() -> dict:
     info = provenance()
     if info["smoke"]:
         display(Markdown(f":::{{warning}}\n{SMOKE_WARNING}\n:::"))
-    rows = [
-        ("Device", info["gpu"] or f"CPU only ({info['cpu']}), smoke mode"),
-        ("GPU memory cap", f"{cap:g} GiB for this process's allocator (a {GPU_BUDGET_GIB:g} "
-                           f"GiB budget less {CONTEXT_GIB:g} GiB for the CUDA context)"
-         if cap is not None else "none (no CUDA device)"),
-        ("Host CPU", host_text(info)),
-        ("Driver / CUDA", f"{info['driver'] or '-'} / {info['cuda'] or '-'}"),
-        ("torch / Triton / transformers",
-         f"{info['torch']} / {info['triton'] or '-'} / {info['transformers'] or '-'}"),
-        ("Python", info["python"]),
-        ("Executed", info["date"]),
-    ]
-    table = "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
-    display(Markdown(table))
     return {**info, "gpu_memory_cap_gib": cap}
 
 
