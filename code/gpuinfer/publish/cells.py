@@ -28,8 +28,8 @@ import ast
 import builtins
 from dataclasses import dataclass, field
 
-from gpuinfer.publish.hashes import _python_tree
 from gpuinfer.publish.names import names_of
+from gpuinfer.publish.parsed import python_tree
 
 PRESENTATION = "presentation"  # the cell tag
 # Names a Jupyter kernel provides besides Python's builtins.
@@ -73,11 +73,11 @@ def parse(source: str) -> ast.Module:
     IPython syntax (%magic, !shell) is translated to Python first. SyntaxError if it is
     not Python either."""
     try:
-        return _python_tree(source)
+        return python_tree(source)
     except SyntaxError:
         from IPython.core.inputtransformer2 import TransformerManager
 
-        return _python_tree(TransformerManager().transform_cell(source))
+        return python_tree(TransformerManager().transform_cell(source))
 
 
 def is_presentation(cell) -> bool:

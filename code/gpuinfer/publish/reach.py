@@ -60,37 +60,12 @@ import functools
 import posixpath
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
 
 from gpuinfer.publish.cells import parse as parse_cell
-from gpuinfer.publish.hashes import PACKAGE_DIR, _canonical
+from gpuinfer.publish.parsed import canonical
+from gpuinfer.publish.sources import Sources, TreeSources
 from gpuinfer.publish.units import (NOTHING, ROOT, Code, Module, analyse, code_of,
                                     dotted_name, sha256)
-
-
-class Sources(Protocol):
-    """The package's source files: relpaths under the package folder ('__init__.py',
-    'measure/timing.py')."""
-
-    def read(self, relpath: str) -> str | None: ...
-
-    def files(self) -> list[str]: ...
-
-
-class TreeSources:
-    """The package as it is on disk (the working tree's by default)."""
-
-    def __init__(self, package_dir: Path = PACKAGE_DIR):
-        self.package_dir = Path(package_dir)
-
-    def read(self, relpath: str) -> str | None:
-        path = self.package_dir / relpath
-        return path.read_text(encoding="utf8") if path.is_file() else None
-
-    def files(self) -> list[str]:
-        return sorted(p.relative_to(self.package_dir).as_posix()
-                      for p in self.package_dir.rglob("*.py"))
 
 
 # --- the measurement cells ----------------------------------------------------------------
@@ -111,7 +86,7 @@ def cells_hashes(sources: list[str]) -> list[str]:
     found = []
     for source in sources:
         tree = _cell_tree(source)
-        found.append(sha256(_canonical(tree) if tree is not None
+        found.append(sha256(canonical(tree) if tree is not None
                              else source.replace("\r\n", "\n")))
     return found
 

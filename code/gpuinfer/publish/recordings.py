@@ -22,14 +22,16 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuinfer.publish.book import (artifacts_path, chapters, journal_path, read_chapter,
-                                   recording_path)
+from gpuinfer.publish.book import (BookError, artifacts_path, chapters, journal_path,
+                                   read_chapter, recording_path)
 from gpuinfer.publish import cells as cellkinds
-from gpuinfer.publish.hashes import (FORMAT, PACKAGE_DIR, artifact_hashes, artifacts_differ,
+from gpuinfer.publish.hashes import (FORMAT, artifact_hashes, artifacts_differ,
                                      current_hashes, measurement_sources, outputs_hashes)
 from gpuinfer.publish.reach import cells_hashes
 from gpuinfer.publish.reach import changed as changed_units
 from gpuinfer.publish.kept import DATA_FILE
+from gpuinfer.publish.present import missing as not_kept
+from gpuinfer.publish.sources import PACKAGE_DIR
 from gpuinfer.publish.validation import METADATA_KEY, read_recording
 
 STATES = ("fresh", "stale", "missing", "cpu", "corrupt", "unfinished", "linked")
@@ -126,8 +128,6 @@ def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
     if differ:
         return result("stale", f"its files in {shown_folder}/ are not the ones it "
                       f"recorded ({differ})", meta)
-    from gpuinfer.publish.present import missing as not_kept
-
     absent = not_kept(nb, folder / DATA_FILE, recorded)
     if absent:
         return result("stale", f"{absent[0]} ({shown_folder}/{DATA_FILE})", meta)
@@ -163,8 +163,6 @@ def changed(nb, recorded, meta: dict, now: dict) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Every chapter of the book and its state, a line each; 1 unless all are fresh."""
-    from gpuinfer.publish.book import BookError
-
     parser = argparse.ArgumentParser(prog="python -m gpuinfer.publish.recordings",
                                      description="Which chapters' recordings are fresh.")
     parser.add_argument("--root", type=Path, default=Path("."),

@@ -45,8 +45,9 @@ from sphinx.util import logging
 
 from gpuinfer.env import host_text
 from gpuinfer.publish import book, recordings
-from gpuinfer.publish.hashes import PACKAGE_DIR
-from gpuinfer.publish.present import PEAK_NAME, PresentationError
+from gpuinfer.publish.sources import PACKAGE_DIR
+from gpuinfer.publish.kept import DATA_FILE
+from gpuinfer.publish.present import PEAK_NAME, PresentationError, page
 
 logger = logging.getLogger(__name__)
 SEED_KEY = "gpuinfer_recording"  # cache record data: sha256 of the recording it came from
@@ -100,9 +101,6 @@ def page_notebook(app, status: recordings.Status, path: Path):
     """The chapter as its page shows it (gpuinfer.publish.present.page), read by myst-nb's
     own reader; PresentationError if a presentation cell fails."""
     import nbformat
-
-    from gpuinfer.publish.kept import DATA_FILE
-    from gpuinfer.publish.present import page
 
     recorded = nbformat.reads(status.recording.read_text(encoding="utf8"), as_version=4)
     return page(myst_nb_notebook(app, path), recorded, book.artifacts_path(path) / DATA_FILE,

@@ -16,7 +16,7 @@ import functools
 import hashlib
 from dataclasses import dataclass
 
-from gpuinfer.publish.hashes import _canonical, _python_tree
+from gpuinfer.publish.parsed import canonical, python_tree
 
 ROOT = "gpuinfer"
 
@@ -157,7 +157,7 @@ def analyse(text: str, dotted: str, is_package: bool) -> Module:
     """`text`, the source of module `dotted`, as units. Source that does not parse is one
     unit, its statements, hashed as written (running it fails anyway)."""
     try:
-        tree = _python_tree(text)
+        tree = python_tree(text)
     except SyntaxError:
         return Module({}, (sha256(text.replace("\r\n", "\n")), NOTHING), {})
     defs: dict[str, list] = {}
@@ -167,7 +167,7 @@ def analyse(text: str, dotted: str, is_package: bool) -> Module:
             defs.setdefault(stmt.name, []).append(stmt)  # defined twice: one unit of both
         else:
             rest.append(stmt)
-    units = {name: (sha256(_canonical(nodes[0] if len(nodes) == 1 else nodes)),
+    units = {name: (sha256(canonical(nodes[0] if len(nodes) == 1 else nodes)),
                     code_of(nodes, dotted, is_package)) for name, nodes in defs.items()}
     statements = code_of(rest, dotted, is_package)
     namespace: dict[str, str | tuple[str, ...]] = {
@@ -175,7 +175,7 @@ def analyse(text: str, dotted: str, is_package: bool) -> Module:
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)}
     namespace.update(statements.bindings)
     namespace.update((name, "unit") for name in units)
-    return Module(units, (sha256(_canonical(rest)), statements), namespace)
+    return Module(units, (sha256(canonical(rest)), statements), namespace)
 
 
 def dotted_name(relpath: str) -> str:
