@@ -6,6 +6,8 @@ recordings. No chapter imports this package.
   them, and the rules a presentation cell keeps; the names a cell reads and binds
 - reach, units: the package definitions a chapter's measurement cells reach (staleness by
   definitions), and a module split into its units
+- parsed, sources: Python source as a parse tree and as position-free text; the
+  package's source files, where the analysis reads them
 - hashes: what a recording is checked against: its measurement cells as parsed, the
   definitions they reach, its recorded outputs, its artifacts
 - kept: the values a recording keeps for its presentation cells (data.json)
@@ -19,7 +21,6 @@ recordings. No chapter imports this package.
 - store: writing a recording's notebook and artifacts together, whatever fails or kills it
 - glued: every value a chapter's page glues, as JSON (`python -m gpuinfer.publish.glued`)
 - compare: two recordings of a chapter, glued value by glued value
-- blast: which chapters each past commit staled, under today's rule and the per-module one
 - gpumem: the peak GPU memory a chapter used while it was recorded
 - sphinx_recordings: the Sphinx extension that builds the pages from the recordings, with
   their provenance, and the table of the chapters' run times

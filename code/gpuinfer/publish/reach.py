@@ -49,7 +49,7 @@ bodies of definitions nothing reaches, though they run at import (the package re
 nothing that way), and code outside the package (torch's own changes are in the recorded
 provenance, not here). The analysis reads only the parse tree (never `ast.dump` or
 `symtable`), so Python 3.11 and 3.12 agree; sources come through `Sources`, so past
-commits can be read without a checkout (gpuinfer.publish.blast).
+commits can be read without a checkout (scripts/blast.py).
 """
 
 from __future__ import annotations
