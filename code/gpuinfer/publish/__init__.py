@@ -22,10 +22,12 @@ recordings. No chapter imports this package.
 - glued: every value a chapter's page glues, as JSON (`python -m gpuinfer.publish.glued`)
 - compare: two recordings of a chapter, glued value by glued value
 - gpumem: the peak GPU memory a chapter used while it was recorded
-- sphinx_recordings: the Sphinx extension that builds the pages from the recordings, with
-  their provenance, and the table of the chapters' run times
+- sphinx_recordings, sphinx_provenance, titles: the Sphinx extensions that build the
+  pages from the recordings and put each recording's provenance under its chapter's title
 - sphinx_results: the results-at-a-glance table, read from the pages' glued values
-- sphinx_site: the datasheet table, the download menu, figure alt text, page-head fixes
+- sphinx_site, sphinx_datasheet, sphinx_repository, sphinx_downloads, sphinx_figures,
+  tables: the site's stylesheet and page-head fixes; the datasheet table; the repository's
+  address, button and commands; the download menu; figure alt text; docutils tables
 - sphinx_bib: author-year labels for the references
 - build: the build command (`python -m gpuinfer.publish.build`): the book checked as the
   record command checks it, then `jupyter-book build`, its seconds, and with --pdf the PDF

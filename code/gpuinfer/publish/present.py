@@ -35,7 +35,7 @@ from gpuinfer.publish.validation import METADATA_KEY
 
 CELL_TIMEOUT_S = 300
 PEAK_NAME = "peak_gpu_gib"  # glued on every chapter's page: its recording's peak GPU memory
-GLUE_PREFIX = "application/papermill.record/"  # myst_nb.glue(..., display=False): its mime type
+GLUE_PREFIX = "application/papermill.record/"  # myst_nb.glue(..., display=False)
 NUMBER_KEY = "gpuinfer_cell"  # the chapter's code-cell number, on each cell that runs
 
 
