@@ -76,65 +76,119 @@ def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
            package_dir: Path = PACKAGE_DIR) -> Status:
     """Is `chapter`'s recording fresh, stale, missing, a CPU smoke run, or corrupt?
 
-    accept_cpu=True counts a CPU smoke recording as fresh (tests of the mechanism only).
+    Classified in three steps: whether there is a recording of the book's own to check
+    (`unreadable`), whether it is still what the chapter would record (each of `STALE`),
+    and whether it ran on a GPU. accept_cpu=True counts a CPU smoke recording as fresh
+    (tests of the mechanism only).
     """
     all_chapters = chapters(root)
     if chapter not in all_chapters:
         raise KeyError(f"unknown chapter {chapter!r}; chapters: {', '.join(all_chapters)}")
     path = all_chapters[chapter]
     rec = recording_path(path)
-    shown = rec.relative_to(Path(root)).as_posix()
     nb = read_chapter(path)
     now = current_hashes(nb, package_dir)
     modules = tuple(sorted({key.split("::")[0] for key in now["definitions"]}))
+    recorded = unreadable(Path(root), path)
+    if isinstance(recorded, tuple):
+        return Status(chapter, *recorded, rec, {}, modules)
+    found = Found(Path(root), path, nb, now, recorded)
+    state, reason = next(((("stale", why) for why in (check(found) for check in STALE)
+                           if why)), ("fresh", recorded_on(found.meta)))
+    if state == "fresh" and found.meta["smoke"] and not accept_cpu:
+        state, reason = "cpu", (f"{found.shown} is a CPU smoke recording (made with "
+                                "--allow-cpu), not GPU results")
+    return Status(chapter, state, reason, rec, found.meta, modules)
 
-    def result(state, reason, meta=None):
-        return Status(chapter, state, reason, rec, meta or {}, modules)
 
+def unreadable(root: Path, path: Path):
+    """The chapter's recording, read; or (state, reason) when there is none of the book's
+    own to check: its folder is a link, a write of it was cut short, it is missing, or it
+    cannot be read."""
+    rec = recording_path(path)
+    shown = rec.relative_to(root).as_posix()
     if rec.parent.is_symlink():  # not the book's own files: never trusted
-        folder = rec.parent.relative_to(Path(root)).as_posix()
-        return result("linked", f"its recordings folder {folder} is a link (to "
-                      f"{os.readlink(rec.parent)}), whose files are not the book's; "
-                      f"replace the link with a folder (rm {folder}; mkdir {folder}, and "
-                      "copy back what it pointed to)")
+        folder = rec.parent.relative_to(root).as_posix()
+        return ("linked", f"its recordings folder {folder} is a link (to "
+                f"{os.readlink(rec.parent)}), whose files are not the book's; replace the "
+                f"link with a folder (rm {folder}; mkdir {folder}, and copy back what it "
+                "pointed to)")
     if journal_path(path).exists():
-        journal = journal_path(path).relative_to(Path(root)).as_posix()
-        return result("unfinished", "a recording of it was cut short while being written "
-                      f"({journal} is there); "
-                      "`python -m gpuinfer.publish.record --recover` finishes writing it")
+        journal = journal_path(path).relative_to(root).as_posix()
+        return ("unfinished", "a recording of it was cut short while being written "
+                f"({journal} is there); "
+                "`python -m gpuinfer.publish.record --recover` finishes writing it")
     if not rec.exists():
-        return result("missing", f"there is no recording {shown}")
+        return ("missing", f"there is no recording {shown}")
     try:
-        recorded = read_recording(rec)
+        return read_recording(rec)
     except (OSError, ValueError) as exc:
-        return result("corrupt", f"the recording {shown} is unreadable ({exc})")
-    meta = recorded.metadata[METADATA_KEY]
-    if meta.get("format") != FORMAT:
-        return result("stale", f"{shown} was recorded before recordings hashed their "
-                      "outputs and data (an older format), so it is not trusted", meta)
-    why = changed(nb, recorded, meta, now)
-    if why:
-        return result("stale", why, meta)
-    outputs = outputs_hashes(recorded)
-    if outputs != meta.get("outputs"):
-        edited = [str(n) for (n, _), a, b in zip(cellkinds.measurement_cells(recorded),
-                                                 outputs, meta.get("outputs") or [])
-                  if a != b]
-        return result("stale", f"its recorded outputs in {shown} (cell "
-                      f"{', '.join(edited) or '?'}) are not those it recorded", meta)
-    folder = artifacts_path(path)
-    shown_folder = folder.relative_to(Path(root)).as_posix()
-    differ = artifacts_differ(meta.get("artifacts") or {}, artifact_hashes(folder))
+        return ("corrupt", f"the recording {shown} is unreadable ({exc})")
+
+
+@dataclass(frozen=True)
+class Found:
+    """A readable recording of a chapter, with what the chapter would record now."""
+
+    root: Path
+    path: Path  # the chapter
+    nb: object  # the chapter as written
+    now: dict  # gpuinfer.publish.hashes.current_hashes of it
+    recorded: object  # the recording's notebook
+
+    @property
+    def meta(self) -> dict:
+        return self.recorded.metadata[METADATA_KEY]
+
+    @property
+    def shown(self) -> str:
+        return recording_path(self.path).relative_to(self.root).as_posix()
+
+    @property
+    def folder(self) -> Path:
+        return artifacts_path(self.path)
+
+
+def older_format(found: Found) -> str | None:
+    if found.meta.get("format") != FORMAT:
+        return (f"{found.shown} was recorded before recordings hashed their outputs and "
+                "data (an older format), so it is not trusted")
+    return None
+
+
+def code_changed(found: Found) -> str | None:
+    return changed(found.nb, found.recorded, found.meta, found.now)
+
+
+def outputs_edited(found: Found) -> str | None:
+    outputs, meta = outputs_hashes(found.recorded), found.meta
+    if outputs == meta.get("outputs"):
+        return None
+    edited = [str(n) for (n, _), a, b in zip(cellkinds.measurement_cells(found.recorded),
+                                             outputs, meta.get("outputs") or []) if a != b]
+    return (f"its recorded outputs in {found.shown} (cell {', '.join(edited) or '?'}) are "
+            "not those it recorded")
+
+
+def files_differ(found: Found) -> str | None:
+    differ = artifacts_differ(found.meta.get("artifacts") or {},
+                              artifact_hashes(found.folder))
     if differ:
-        return result("stale", f"its files in {shown_folder}/ are not the ones it "
-                      f"recorded ({differ})", meta)
-    absent = not_kept(nb, folder / DATA_FILE, recorded)
+        return (f"its files in {found.folder.relative_to(found.root).as_posix()}/ are not "
+                f"the ones it recorded ({differ})")
+    return None
+
+
+def values_not_kept(found: Found) -> str | None:
+    absent = not_kept(found.nb, found.folder / DATA_FILE, found.recorded)
     if absent:
-        return result("stale", f"{absent[0]} ({shown_folder}/{DATA_FILE})", meta)
-    if meta["smoke"] and not accept_cpu:
-        return result("cpu", f"{shown} is a CPU smoke recording (made with --allow-cpu), "
-                      "not GPU results", meta)
-    return result("fresh", recorded_on(meta), meta)
+        return f"{absent[0]} ({found.folder.relative_to(found.root).as_posix()}/{DATA_FILE})"
+    return None
+
+
+# What makes a readable recording stale, checked in this order (the first that says why
+# is the reason given): its format, its code, its outputs, its files, its kept values.
+STALE = (older_format, code_changed, outputs_edited, files_differ, values_not_kept)
 
 
 def changed(nb, recorded, meta: dict, now: dict) -> str | None:
