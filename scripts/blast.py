@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuinfer.publish import reach
-from gpuinfer.publish.hashes import source_hash
+from gpuinfer.publish.parsed import source_hash
 from gpuinfer.publish.units import ROOT, analyse, dotted_name
 
 PACKAGE = f"code/{ROOT}/"  # where the package lies in the repository

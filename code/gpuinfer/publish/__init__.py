@@ -18,6 +18,8 @@ recordings. No chapter imports this package.
 - preflight: what the record command checks before it runs (packages, chapters, room)
 - record, measuring: the command that records chapters (`python -m
   gpuinfer.publish.record`); running a chapter's measurement cells in a kernel
+- recorder: the recorder's set-up (the kernel's start, gpu_record.sh, start-up hooks,
+  requirement pins), hashed into every recording: a change to it stales every chapter
 - store: writing a recording's notebook and artifacts together, whatever fails or kills it
 - glued: every value a chapter's page glues, as JSON (`python -m gpuinfer.publish.glued`)
 - compare: two recordings of a chapter, glued value by glued value

@@ -8,6 +8,9 @@ gpuinfer.publish.validation), with `format` FORMAT:
   beside the recorded outputs; presentation cells do not count;
 - definitions: the package definitions those cells reach, each hashed as parsed
   (gpuinfer.publish.reach says what "reach" means; comments and docstrings never count);
+- recorder: the recorder's own set-up, the same for every chapter: the code that starts
+  the kernel and runs in it, gpu_record.sh, the start-up hooks, the requirement pins
+  (gpuinfer.publish.recorder);
 - outputs: one hash per measurement cell of the outputs it recorded, so that a number
   edited in the notebook makes the recording stale;
 - artifacts: each file of `_recorded/<stem>/` (profiler traces, the values kept for the
@@ -18,14 +21,13 @@ A recording without them (made before this format) is stale: it is never trusted
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from pathlib import Path
 
 from gpuinfer.publish import reach
 from gpuinfer.publish.cells import measurement_cells
-from gpuinfer.publish.parsed import canonical, python_tree
+from gpuinfer.publish.recorder import recorder_hashes
 from gpuinfer.publish.sources import PACKAGE_DIR
 
 
@@ -58,30 +60,21 @@ def outputs_hashes(nb) -> list[str]:
             for _, cell in measurement_cells(nb)]
 
 
-@functools.lru_cache(maxsize=None)  # the chapters share most modules
-def source_hash(source: str) -> str:
-    """sha256 of a module as Python parses it: comments, docstrings, blank lines and layout
-    do not count; a changed name, constant or statement does. Source that does not parse
-    is hashed as written (running it fails anyway)."""
-    try:
-        return _sha256(canonical(python_tree(source)).encode())
-    except SyntaxError:
-        return _sha256(source.replace("\r\n", "\n").encode())
-
-
 def shown_text(nb) -> str:
     """The chapter's prose, where its `literalinclude`s are."""
     return "\n".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
 
 
-def current_hashes(nb, package_dir: Path = PACKAGE_DIR) -> dict:
-    """What a recording of notebook `nb` made now would store of its code: the format, the
-    measurement cells' hashes and the package definitions they (and the page's
-    literalincludes) reach, with their hashes (gpuinfer.publish.reach)."""
+def current_hashes(nb, root: Path, package_dir: Path = PACKAGE_DIR) -> dict:
+    """What a recording of notebook `nb` (a chapter of the book at `root`) made now would
+    store of its code: the format, the measurement cells' hashes, the package definitions
+    they (and the page's literalincludes) reach, with their hashes
+    (gpuinfer.publish.reach), and the recorder's set-up (gpuinfer.publish.recorder)."""
     sources = measurement_sources(nb)
     return {"format": FORMAT, "cells": reach.cells_hashes(sources),
             "definitions": reach.definitions(sources, reach.shown(shown_text(nb)),
-                                             reach.TreeSources(package_dir))}
+                                             reach.TreeSources(package_dir)),
+            "recorder": recorder_hashes(root, package_dir)}
 
 
 def artifact_hashes(folder: Path) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,3 +36,18 @@ def canonical(node) -> str:
     return type(node).__name__ + "(" + ",".join(
         f"{name}={canonical(value)}" for name, value in fields
         if value is not None and value != []) + ")"
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)  # the chapters share most modules
+def source_hash(source: str) -> str:
+    """sha256 of a module as Python parses it: comments, docstrings, blank lines and layout
+    do not count; a changed name, constant or statement does. Source that does not parse
+    is hashed as written (running it fails anyway)."""
+    try:
+        return _sha256(canonical(python_tree(source)))
+    except SyntaxError:
+        return _sha256(source.replace("\r\n", "\n"))

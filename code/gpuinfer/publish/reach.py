@@ -34,8 +34,11 @@ What is reached, starting from the names the cells use:
   what they reach), and so does the object's module where the object is a package module
   (`getattr(ceilings, name)`, `vars(ceilings)`, the module of `from m import *`);
 - a string in reached code that names a package module (`"gpuinfer.measure.stock"` in
-  `[sys.executable, "-m", "gpuinfer.measure.stock"]`, an `import_module` argument) reaches
-  that whole module: it runs as a subprocess entry point or is imported by name;
+  `[sys.executable, "-m", "gpuinfer.measure.stock"]`, an `import_module` argument), or
+  Python source in a string that imports one (the code of `python -c`), reaches that whole
+  module: it runs as a subprocess entry point or is imported by name. What cannot be
+  followed (a module run by its file's path, an `import_module` of a name built at run
+  time) the package does not do: tests/test_reach.py scans it and names any such place;
 - what the page shows with `literalinclude` (`shown`): `:pyobject: benchmark` reaches that
   unit, `:pyobject: StaticDecoder.decode_step` the class `StaticDecoder`, and a
   literalinclude without `:pyobject:` the whole module: the page renders today's source of

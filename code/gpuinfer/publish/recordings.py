@@ -31,6 +31,7 @@ from gpuinfer.publish.reach import cells_hashes
 from gpuinfer.publish.reach import changed as changed_units
 from gpuinfer.publish.kept import DATA_FILE
 from gpuinfer.publish.present import missing as not_kept
+from gpuinfer.publish.recorder import recorder_changed
 from gpuinfer.publish.sources import PACKAGE_DIR
 from gpuinfer.publish.validation import METADATA_KEY, read_recording
 
@@ -87,7 +88,7 @@ def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
     path = all_chapters[chapter]
     rec = recording_path(path)
     nb = read_chapter(path)
-    now = current_hashes(nb, package_dir)
+    now = current_hashes(nb, Path(root), package_dir)
     modules = tuple(sorted({key.split("::")[0] for key in now["definitions"]}))
     recorded = unreadable(Path(root), path)
     if isinstance(recorded, tuple):
@@ -193,7 +194,8 @@ STALE = (older_format, code_changed, outputs_edited, files_differ, values_not_ke
 
 def changed(nb, recorded, meta: dict, now: dict) -> str | None:
     """Why the chapter's code is no longer what made the recording, or None: its
-    measurement cells, the definitions they reach, or the recording's own cells edited."""
+    measurement cells, the definitions they reach, the recorder's set-up, or the
+    recording's own cells edited."""
     if cells_hashes(measurement_sources(recorded)) != meta.get("cells"):
         return ("its code cells are not the ones it was recorded with (the hashes in its "
                 "metadata differ): it was edited after recording")
@@ -212,7 +214,7 @@ def changed(nb, recorded, meta: dict, now: dict) -> str | None:
         shown = "; ".join("gpuinfer/" + line for line in said[:3]) + (
             f"; and {len(said) - 3} more" if len(said) > 3 else "")
         return f"the package definitions it reaches changed since it was recorded ({shown})"
-    return None
+    return recorder_changed(meta.get("recorder"), now["recorder"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,6 +46,7 @@ from gpuinfer.publish import book, recordings
 from gpuinfer.publish.sources import PACKAGE_DIR
 from gpuinfer.publish.kept import DATA_FILE
 from gpuinfer.publish.present import PEAK_NAME, PresentationError, page
+from gpuinfer.publish.titles import insert_after_title
 
 logger = logging.getLogger(__name__)
 SEED_KEY = "gpuinfer_recording"  # cache record data: sha256 of the recording it came from

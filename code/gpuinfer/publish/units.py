@@ -64,11 +64,29 @@ def _absolute(node: ast.ImportFrom, module: str | None, is_package: bool) -> str
 
 
 def _module_names(text: str) -> set[str]:
-    """The package module names a string may name: itself, or what follows '-m'."""
+    """The package module names a string may name: itself, what follows '-m', or what it
+    imports where it is Python code (`python -c "from gpuinfer.x import f; f()"`)."""
     words = text.split()
     found = {text} if len(words) == 1 else set()
     found |= {b for a, b in zip(words, words[1:]) if a == "-m"}
+    if "import" in text and ROOT in text:
+        found |= _imported_by_code(text)
     return {w for w in found if w == ROOT or w.startswith(ROOT + ".")}
+
+
+def _imported_by_code(text: str) -> set[str]:
+    """The dotted modules a piece of Python source imports ({} if it is not Python)."""
+    try:
+        tree = python_tree(text)
+    except SyntaxError:
+        return set()
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return found
 
 
 def code_of(nodes: list, module: str | None = None, is_package: bool = False) -> Code:
