@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import ast
 import builtins
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from gpuinfer.publish.book import read_chapter
 from gpuinfer.publish.names import names_of
 from gpuinfer.publish.parsed import python_tree
 
@@ -210,11 +213,6 @@ def problems(cells: list[Cell]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """`python -m gpuinfer.publish.cells CHAPTER.md`: each code cell's kind, what the
     recording keeps after each measurement cell, and what breaks the rules."""
-    import sys
-    from pathlib import Path
-
-    from gpuinfer.publish.book import read_chapter
-
     paths = sys.argv[1:] if argv is None else argv
     if not paths:
         print("usage: python -m gpuinfer.publish.cells CHAPTER.md ...", file=sys.stderr)

@@ -94,12 +94,14 @@ def status(root: Path | str, chapter: str, *, accept_cpu: bool = False,
     if isinstance(recorded, tuple):
         return Status(chapter, *recorded, rec, {}, modules)
     found = Found(Path(root), path, nb, now, recorded)
-    state, reason = next(((("stale", why) for why in (check(found) for check in STALE)
-                           if why)), ("fresh", recorded_on(found.meta)))
-    if state == "fresh" and found.meta["smoke"] and not accept_cpu:
-        state, reason = "cpu", (f"{found.shown} is a CPU smoke recording (made with "
-                                "--allow-cpu), not GPU results")
-    return Status(chapter, state, reason, rec, found.meta, modules)
+    reasons = (check(found) for check in STALE)
+    why = next((reason for reason in reasons if reason), None)
+    if why:
+        return Status(chapter, "stale", why, rec, found.meta, modules)
+    if found.meta["smoke"] and not accept_cpu:
+        return Status(chapter, "cpu", f"{found.shown} is a CPU smoke recording (made with "
+                      "--allow-cpu), not GPU results", rec, found.meta, modules)
+    return Status(chapter, "fresh", recorded_on(found.meta), rec, found.meta, modules)
 
 
 def unreadable(root: Path, path: Path):
