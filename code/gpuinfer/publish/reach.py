@@ -50,7 +50,8 @@ change stales whoever reaches its class. `reach` also says why each unit counts 
 which units differ between two `definitions`, for the messages of a stale recording. Not followed: the decorators, defaults and class
 bodies of definitions nothing reaches, though they run at import (the package registers
 nothing that way), and code outside the package (torch's own changes are in the recorded
-provenance, not here). The analysis reads only the parse tree (never `ast.dump` or
+provenance, not here; the recorder's set-up and the requirement pins are hashed apart, by
+gpuinfer.publish.recorder). The analysis reads only the parse tree (never `ast.dump` or
 `symtable`), so Python 3.11 and 3.12 agree; sources come through `Sources`, so past
 commits can be read without a checkout (scripts/blast.py).
 """
