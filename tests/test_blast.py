@@ -1,12 +1,14 @@
-"""Which chapters each past commit staled (gpuinfer.publish.blast), on a small history made
+"""Which chapters each past commit staled (scripts/blast.py), on a small history made
 for the test: a two-chapter book over a three-module package, one change per commit."""
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from gpuinfer.publish import blast
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import blast  # noqa: E402  (scripts/blast.py: a history tool, not part of the package)
 
 FRONT = """---
 jupytext:

@@ -1,6 +1,6 @@
 """The primitives of the chapters' diagrams (gpuinfer.report.diagrams): a canvas in its own
 units without axes, and a PNG that carries its alt text to the page's <img>, which the
-site's extension reads back (gpuinfer.publish.sphinx_site.png_description). The chapters'
+site's extension reads back (gpuinfer.publish.sphinx_figures.png_description). The chapters'
 own diagrams are drawn by every build of the book (tests/test_build.py) and counted on its
 pages (tests/test_reading.py)."""
 
@@ -20,7 +20,7 @@ def test_a_canvas_is_measured_in_its_own_units_without_axes():
 
 
 def test_a_diagram_carries_its_alt_text_to_the_page(tmp_path):
-    from gpuinfer.publish.sphinx_site import png_description
+    from gpuinfer.publish.sphinx_figures import png_description
 
     fig, ax = dg.canvas(6, 2)
     dg.box(ax, 0.5, 0.5, 2, 1, "weights", color=dg.BLUE)

@@ -94,6 +94,8 @@ def test_a_relative_out_is_the_callers_and_brings_back_the_whole_recording(repo,
     # unpacked where the README says, into a clone whose folder holds an older artifact
     clone = Path(shutil.copytree(FIXTURE, tmp_path / "clone",
                                  ignore=shutil.ignore_patterns("_build", "_recorded")))
+    (clone / "scripts").mkdir()  # the clone's recorder is the one that recorded it
+    shutil.copy(SCRIPT, clone / "scripts" / "gpu_record.sh")
     (clone / "book" / "_recorded" / "ch_a").mkdir(parents=True)
     (clone / "book" / "_recorded" / "ch_a" / "old.json.gz").write_bytes(b"older")
     subprocess.run(f"rm -rf book/_recorded/ch_a && tar xzf {out / 'ch_a.tgz'}", shell=True,

@@ -23,10 +23,11 @@ import pytest
 import torch
 
 from conftest import recorded_files
-from gpuinfer.publish import hashes, preflight, record, recordings
+from gpuinfer.publish import hashes, parsed, preflight, record, recordings
 from gpuinfer.publish.validation import read_provenance
 
 FIXTURE = Path(__file__).parent / "fixtures" / "book"
+REPO = Path(__file__).resolve().parent.parent
 FAILING_CELL = "\n```{code-cell} ipython3\nratio = 1 / 0\n```\n"
 
 
@@ -41,8 +42,12 @@ def chapter_file(root: Path, chapter: str) -> Path:
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    """The fixture book with both chapters recorded on the CPU (--allow-cpu)."""
+    """The fixture book with both chapters recorded on the CPU (--allow-cpu), with the
+    repository's recorder script and requirements (gpuinfer.publish.recorder hashes them)."""
     root = copy_book(tmp_path_factory.mktemp("recorded") / "book")
+    (root / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "gpu_record.sh", root / "scripts" / "gpu_record.sh")
+    shutil.copy(REPO / "requirements.txt", root / "requirements.txt")
     assert record.main(["--root", str(root), "--allow-cpu"]) == 0
     return root
 
@@ -411,14 +416,45 @@ def test_prose_edits_keep_a_recording_and_code_or_package_edits_stale_it(book, t
     assert st.state == "stale" and "gpuinfer/env.py::artifact_dir changed" in st.message
 
 
+@pytest.mark.slow
+def test_the_recorders_set_up_stales_every_chapter(book, tmp_path):
+    """CUDA_LAUNCH_BLOCKING set where the recorder starts the kernel, in gpu_record.sh or in
+    a start-up hook, or a changed pin: every chapter stale, the recorder named."""
+    pkg = Path(shutil.copytree(hashes.PACKAGE_DIR, tmp_path / "gpuinfer",
+                               ignore=shutil.ignore_patterns("__pycache__", "*.tar.gz")))
+    blocking = 'import os\nos.environ["CUDA_LAUNCH_BLOCKING"] = "1"\n'
+    script, pins = book / "scripts" / "gpu_record.sh", book / "requirements.txt"
+    edits = [
+        ("publish/measuring.py", pkg / "publish" / "measuring.py", "\n" + blocking),
+        ("scripts/gpu_record.sh", script, "export CUDA_LAUNCH_BLOCKING=1\n"),
+        ("code/sitecustomize.py", book / "code" / "sitecustomize.py", blocking),
+        ("requirements.txt", pins, None),
+    ]
+    for named, path, added in edits:
+        for chapter in ("ch_a", "ch_b"):
+            assert recordings.status(book, chapter, accept_cpu=True, package_dir=pkg).fresh
+        kept = path.read_bytes() if path.exists() else None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(kept.decode().replace("triton>=3.6,<3.7", "triton>=3.6,<3.8")
+                        if added is None else (kept or b"").decode() + added)
+        for chapter in ("ch_a", "ch_b"):
+            st = recordings.status(book, chapter, accept_cpu=True, package_dir=pkg)
+            assert st.state == "stale", (named, chapter)
+            assert f"the recorder's set-up changed ({named})" in st.message
+        if kept is None:
+            path.unlink()
+        else:
+            path.write_bytes(kept)
+
+
 def test_a_module_hashes_as_parsed_without_docstrings_or_comments():
     code = 'def f(x):\n    return x + 1\n'
     documented = ('"""A module."""\n# why\ndef f(x):\n    """Add one."""\n'
                   '    return x + 1  # one\n\n')
-    assert hashes.source_hash(code) == hashes.source_hash(documented)
-    assert hashes.source_hash(code) != hashes.source_hash(code.replace("1", "2"))
-    assert hashes.source_hash(code) != hashes.source_hash(code.replace("x +", "-x +"))
-    assert hashes.source_hash("x = (") != hashes.source_hash("x = [")  # no parse
+    assert parsed.source_hash(code) == parsed.source_hash(documented)
+    assert parsed.source_hash(code) != parsed.source_hash(code.replace("1", "2"))
+    assert parsed.source_hash(code) != parsed.source_hash(code.replace("x +", "-x +"))
+    assert parsed.source_hash("x = (") != parsed.source_hash("x = [")  # no parse
 
 
 # --- nothing is lost ---------------------------------------------------------------------

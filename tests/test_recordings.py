@@ -211,8 +211,9 @@ def test_an_unreadable_page_fails_one_test_not_the_collection(tmp_path):
     for name in ("_toc.yml", "_config.yml", "pyproject.toml"):
         shutil.copy(ROOT / name, repo / name)
     shutil.copytree(ROOT / "book", repo / "book", ignore=shutil.ignore_patterns("_recorded"))
-    shutil.copytree(ROOT / "tests", repo / "tests",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("tests", "scripts"):  # tests/test_blast.py imports scripts/blast.py
+        shutil.copytree(ROOT / folder, repo / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     with open(repo / "book" / "glossary.md", "ab") as f:
         f.write(b"caf\xe9\n")
     run = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]

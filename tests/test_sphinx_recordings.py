@@ -29,7 +29,7 @@ def test_a_chapter_edited_during_the_build_stops_it(tmp_path):
     import pytest
 
     from gpuinfer.publish.recordings import Status
-    from gpuinfer.publish.sphinx_recordings import add_box
+    from gpuinfer.publish.sphinx_provenance import add_box
 
     chapter = tmp_path / "book" / "ch_a.md"
     chapter.parent.mkdir()

@@ -1,5 +1,5 @@
 """What a reader's host and GPU need, from the recordings' provenance: the host in each
-chapter's box (gpuinfer.publish.sphinx_recordings.box) and the reproduce page's tables of
+chapter's box (gpuinfer.publish.sphinx_provenance.box) and the reproduce page's tables of
 hosts and of the card each chapter fits (gpuinfer.publish.sphinx_reproduce). The tables in
 a built page: tests/test_build.py."""
 
@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("sphinx.addnodes")  # the GPU machine runs the GPU tests without Sphinx
 
 from gpuinfer.publish import recordings  # noqa: E402
-from gpuinfer.publish.sphinx_recordings import box, chapter_title  # noqa: E402
+from gpuinfer.publish.sphinx_provenance import box  # noqa: E402
+from gpuinfer.publish.titles import chapter_title  # noqa: E402
 from gpuinfer.publish.sphinx_reproduce import (clock_text, host_row, memory_row,  # noqa: E402
                                                smallest_card)
 
@@ -87,7 +88,7 @@ def test_a_chapter_title_is_its_first_heading(tmp_path):
 
 
 def test_the_box_goes_after_the_title_or_the_front_matter():
-    from gpuinfer.publish.sphinx_recordings import insert_after_title
+    from gpuinfer.publish.titles import insert_after_title
 
     front = "---\nkernelspec:\n  name: python3\n---\n"
     assert insert_after_title(front + "# T\ntext\n", "BOX") == front + "# T\n\nBOX\ntext\n"

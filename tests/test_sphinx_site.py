@@ -1,7 +1,7 @@
-"""What gpuinfer.sphinx_site adds to the built site: the spec table rendered from the package,
-the run times read from the recordings, alt text on figures, the download menu, a page head
-without the theme's script errors, and author-year labels on the references page. Checked in
-the HTML of the session's build."""
+"""What the site's extensions (gpuinfer.publish.sphinx_*) add to the built site: the spec
+table rendered from the package, the run times read from the recordings, alt text on
+figures, the download menu, a page head without the theme's script errors, and author-year
+labels on the references page. Checked in the HTML of the session's build."""
 
 import html
 import re
@@ -14,7 +14,7 @@ pytest.importorskip("sphinx.addnodes")  # the GPU machine runs the GPU tests wit
 
 from gpuinfer.measure import roofline  # noqa: E402
 from gpuinfer.publish import book, recordings  # noqa: E402
-from gpuinfer.publish.sphinx_site import add_download_buttons  # noqa: E402
+from gpuinfer.publish.sphinx_downloads import add_download_buttons  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,47 +123,47 @@ def test_author_year_labels():
 
 
 def test_the_repository_address_from_the_workflow_or_the_checkout(monkeypatch, tmp_path):
-    from gpuinfer.publish import sphinx_site
+    from gpuinfer.publish import sphinx_repository
 
     for key in ("GPUINFER_REPOSITORY", "GITHUB_REPOSITORY", "GITHUB_SERVER_URL"):
         monkeypatch.delenv(key, raising=False)
-    assert sphinx_site.repository_url(tmp_path) is None  # not a checkout: no address
+    assert sphinx_repository.repository_url(tmp_path) is None  # not a checkout: no address
     monkeypatch.setenv("GITHUB_REPOSITORY", "owner/book")  # any GitHub Actions run
-    assert sphinx_site.repository_url(tmp_path) == "https://github.com/owner/book"
+    assert sphinx_repository.repository_url(tmp_path) == "https://github.com/owner/book"
     monkeypatch.setenv("GPUINFER_REPOSITORY", "git@github.com:owner/other.git")
-    assert sphinx_site.repository_url(tmp_path) == "https://github.com/owner/other"
+    assert sphinx_repository.repository_url(tmp_path) == "https://github.com/owner/other"
     monkeypatch.delenv("GPUINFER_REPOSITORY")
     monkeypatch.delenv("GITHUB_REPOSITORY")
     import subprocess
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run(["git", "-C", str(tmp_path), "remote", "add", "origin",
                     "https://github.com/someone/gpu-book.git"], check=True)
-    assert sphinx_site.repository_url(tmp_path) == "https://github.com/someone/gpu-book"
+    assert sphinx_repository.repository_url(tmp_path) == "https://github.com/someone/gpu-book"
     # a clone of a local folder: its origin is a path, which no page can link to
     subprocess.run(["git", "-C", str(tmp_path), "remote", "set-url", "origin",
                     "/work/gpu-book"], check=True)
-    assert sphinx_site.repository_url(tmp_path) is None
+    assert sphinx_repository.repository_url(tmp_path) is None
     monkeypatch.setenv("GPUINFER_REPOSITORY", "/work/gpu-book")  # set, but wrong: say so
     with pytest.raises(ValueError, match="GPUINFER_REPOSITORY.*https://host/owner/name"):
-        sphinx_site.repository_url(tmp_path)
+        sphinx_repository.repository_url(tmp_path)
 
 
 def test_the_repository_button_and_substitution(monkeypatch, tmp_path):
-    from gpuinfer.publish import sphinx_site
+    from gpuinfer.publish import sphinx_repository
 
     monkeypatch.setenv("GPUINFER_REPOSITORY", "https://github.com/owner/book")
     app = SimpleNamespace(srcdir=str(tmp_path))
     config = SimpleNamespace(html_theme_options={"repository_url": "x"},
                              myst_substitutions={})
-    sphinx_site.set_repository(app, config)
+    sphinx_repository.set_repository(app, config)
     assert config.html_theme_options == {"repository_url": "https://github.com/owner/book",
                                          "use_repository_button": True}
     assert config.myst_substitutions["repository"] == "https://github.com/owner/book"
     monkeypatch.delenv("GPUINFER_REPOSITORY")
     monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
-    sphinx_site.set_repository(app, config)  # tmp_path is no checkout: no button
+    sphinx_repository.set_repository(app, config)  # tmp_path is no checkout: no button
     assert config.html_theme_options == {"use_repository_button": False}
-    assert config.myst_substitutions["repository"] == sphinx_site.NO_REPOSITORY
+    assert config.myst_substitutions["repository"] == sphinx_repository.NO_REPOSITORY
 
 
 def test_results_rows_against_both_denominators_and_the_fastest_of_ours():
@@ -184,7 +184,7 @@ def test_results_rows_against_both_denominators_and_the_fastest_of_ours():
 def test_the_commands_clone_the_repository_the_build_knows(url):
     """With the repository's address, the commands clone it; without one (a local build,
     read in a clone already) they start in the book's folder: never a placeholder."""
-    from gpuinfer.publish.sphinx_site import RepositoryCommands
+    from gpuinfer.publish.sphinx_repository import RepositoryCommands
 
     directive = object.__new__(RepositoryCommands)
     directive.state = SimpleNamespace(document=SimpleNamespace(settings=SimpleNamespace(

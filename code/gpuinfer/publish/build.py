@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpuinfer.publish import book, pdf, sphinx_site
+from gpuinfer.publish import book, pdf, sphinx_downloads
 
 
 def check(root: Path) -> None:
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.pdf:  # the pages link the PDF only where the site will have it
-        os.environ[sphinx_site.PDF_ENV] = "1"
+        os.environ[sphinx_downloads.PDF_ENV] = "1"
     code = build_site(args.root, args.path_output, args.strict)
     if code or not args.pdf:
         return code

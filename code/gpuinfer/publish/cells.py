@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import ast
 import builtins
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from gpuinfer.publish.hashes import _python_tree
+from gpuinfer.publish.book import read_chapter
 from gpuinfer.publish.names import names_of
+from gpuinfer.publish.parsed import python_tree
 
 PRESENTATION = "presentation"  # the cell tag
 # Names a Jupyter kernel provides besides Python's builtins.
@@ -73,11 +76,11 @@ def parse(source: str) -> ast.Module:
     IPython syntax (%magic, !shell) is translated to Python first. SyntaxError if it is
     not Python either."""
     try:
-        return _python_tree(source)
+        return python_tree(source)
     except SyntaxError:
         from IPython.core.inputtransformer2 import TransformerManager
 
-        return _python_tree(TransformerManager().transform_cell(source))
+        return python_tree(TransformerManager().transform_cell(source))
 
 
 def is_presentation(cell) -> bool:
@@ -210,11 +213,6 @@ def problems(cells: list[Cell]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """`python -m gpuinfer.publish.cells CHAPTER.md`: each code cell's kind, what the
     recording keeps after each measurement cell, and what breaks the rules."""
-    import sys
-    from pathlib import Path
-
-    from gpuinfer.publish.book import read_chapter
-
     paths = sys.argv[1:] if argv is None else argv
     if not paths:
         print("usage: python -m gpuinfer.publish.cells CHAPTER.md ...", file=sys.stderr)

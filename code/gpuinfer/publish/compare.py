@@ -17,9 +17,11 @@ import re
 import sys
 from pathlib import Path
 
+from gpuinfer.publish.cells import is_presentation
+from gpuinfer.publish.kept import DATA_FILE
+from gpuinfer.publish.present import GLUE_PREFIX, PresentationError, present
 from gpuinfer.publish.validation import METADATA_KEY, load_notebook
 
-GLUE_PREFIX = "application/papermill.record/"  # myst_nb.glue(..., display=False)
 NUMBER = re.compile(r"^(?:np\.\w+\()?\s*"  # np.float64( ... ) around it, or not
                     r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\s*\)?$")
 
@@ -84,10 +86,6 @@ def recording_values(path: Path | str) -> dict[str, str]:
     kept beside it."""
     import nbformat
 
-    from gpuinfer.publish.cells import is_presentation
-    from gpuinfer.publish.kept import DATA_FILE
-    from gpuinfer.publish.present import present
-
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     if any(is_presentation(c) for c in nb.cells if c.cell_type == "code"):
@@ -125,8 +123,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {path} is not a notebook ({exc}); give two recordings (.ipynb) "
                   "of one chapter", file=sys.stderr)
             return 2
-    from gpuinfer.publish.present import PresentationError
-
     try:
         rows = compare(args.baseline, args.yours)
     except PresentationError as exc:

@@ -15,7 +15,12 @@ import json
 import sys
 from pathlib import Path
 
+from gpuinfer.publish import book, recordings
+from gpuinfer.publish.book import BookError
 from gpuinfer.publish.compare import as_number, glued_outputs
+from gpuinfer.publish.kept import DATA_FILE
+from gpuinfer.publish.preflight import UsageError, find_root, select_chapters
+from gpuinfer.publish.present import PresentationError, page
 
 MARKDOWN = "text/markdown"
 
@@ -47,10 +52,6 @@ def page_values(root: Path, chapter: str) -> dict:
     ValueError (one line) when the chapter has no fresh recording to read them from."""
     import nbformat
 
-    from gpuinfer.publish import book, recordings
-    from gpuinfer.publish.kept import DATA_FILE
-    from gpuinfer.publish.present import page
-
     status = recordings.status(root, chapter, accept_cpu=True)
     if not status.fresh:
         raise ValueError(status.message)
@@ -62,10 +63,6 @@ def page_values(root: Path, chapter: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpuinfer.publish.book import BookError
-    from gpuinfer.publish.present import PresentationError
-    from gpuinfer.publish.preflight import UsageError, find_root, select_chapters
-
     parser = argparse.ArgumentParser(prog="python -m gpuinfer.publish.glued",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("chapter", help="a chapter's stem, e.g. 04_decode_at_scale, or a "

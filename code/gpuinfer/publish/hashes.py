@@ -8,6 +8,9 @@ gpuinfer.publish.validation), with `format` FORMAT:
   beside the recorded outputs; presentation cells do not count;
 - definitions: the package definitions those cells reach, each hashed as parsed
   (gpuinfer.publish.reach says what "reach" means; comments and docstrings never count);
+- recorder: the recorder's own set-up, the same for every chapter: the code that starts
+  the kernel and runs in it, gpu_record.sh, the start-up hooks, the requirement pins
+  (gpuinfer.publish.recorder);
 - outputs: one hash per measurement cell of the outputs it recorded, so that a number
   edited in the notebook makes the recording stale;
 - artifacts: each file of `_recorded/<stem>/` (profiler traces, the values kept for the
@@ -18,13 +21,14 @@ A recording without them (made before this format) is stale: it is never trusted
 
 from __future__ import annotations
 
-import ast
-import functools
 import hashlib
 import json
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the gpuinfer sources chapters import
+from gpuinfer.publish import reach
+from gpuinfer.publish.cells import measurement_cells
+from gpuinfer.publish.recorder import recorder_hashes
+from gpuinfer.publish.sources import PACKAGE_DIR
 
 
 def _sha256(data: bytes) -> str:
@@ -36,8 +40,6 @@ FORMAT = 2  # of a recording's provenance; older recordings are stale
 
 def measurement_sources(nb) -> list[str]:
     """The sources of nb's measurement cells, in order."""
-    from gpuinfer.publish.cells import measurement_cells
-
     return [cell.source for _, cell in measurement_cells(nb)]
 
 
@@ -54,50 +56,8 @@ def _joined(value):
 
 def outputs_hashes(nb) -> list[str]:
     """One hash per measurement cell, of its outputs (and nothing else of the cell)."""
-    from gpuinfer.publish.cells import measurement_cells
-
     return [_sha256(json.dumps(_joined(cell.get("outputs", [])), sort_keys=True).encode())
             for _, cell in measurement_cells(nb)]
-
-
-@functools.lru_cache(maxsize=None)
-def _python_tree(source: str) -> ast.Module:
-    """`ast.parse`, once per distinct source: a status check follows the imports of every
-    module and hashes it, for every chapter, and the chapters share most modules. Callers
-    only read the tree."""
-    return ast.parse(source)
-
-
-def _is_docstring(node: ast.AST) -> bool:
-    """A statement that is a bare string: a docstring, or an attribute's docstring after it
-    (either way it computes nothing)."""
-    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str))
-
-
-def _canonical(node) -> str:
-    """The parse tree as text, without positions, docstrings and empty fields. Not
-    `ast.dump`: that prints fields newer Pythons added (`type_params=[]` from 3.12 on), and
-    a recording made on the GPU's Python must read as fresh on the CI's older one."""
-    if isinstance(node, list):
-        return "[" + ",".join(_canonical(n) for n in node if not _is_docstring(n)) + "]"
-    if not isinstance(node, ast.AST):
-        return f"{type(node).__name__}:{node!r}"  # a constant, a name, an operator's id
-    fields = [(name, getattr(node, name, None)) for name in node._fields]
-    return type(node).__name__ + "(" + ",".join(
-        f"{name}={_canonical(value)}" for name, value in fields
-        if value is not None and value != []) + ")"
-
-
-@functools.lru_cache(maxsize=None)  # the chapters share most modules
-def source_hash(source: str) -> str:
-    """sha256 of a module as Python parses it: comments, docstrings, blank lines and layout
-    do not count; a changed name, constant or statement does. Source that does not parse
-    is hashed as written (running it fails anyway)."""
-    try:
-        return _sha256(_canonical(_python_tree(source)).encode())
-    except SyntaxError:
-        return _sha256(source.replace("\r\n", "\n").encode())
 
 
 def shown_text(nb) -> str:
@@ -105,16 +65,16 @@ def shown_text(nb) -> str:
     return "\n".join(cell.source for cell in nb.cells if cell.cell_type == "markdown")
 
 
-def current_hashes(nb, package_dir: Path = PACKAGE_DIR) -> dict:
-    """What a recording of notebook `nb` made now would store of its code: the format, the
-    measurement cells' hashes and the package definitions they (and the page's
-    literalincludes) reach, with their hashes (gpuinfer.publish.reach)."""
-    from gpuinfer.publish import reach
-
+def current_hashes(nb, root: Path, package_dir: Path = PACKAGE_DIR) -> dict:
+    """What a recording of notebook `nb` (a chapter of the book at `root`) made now would
+    store of its code: the format, the measurement cells' hashes, the package definitions
+    they (and the page's literalincludes) reach, with their hashes
+    (gpuinfer.publish.reach), and the recorder's set-up (gpuinfer.publish.recorder)."""
     sources = measurement_sources(nb)
     return {"format": FORMAT, "cells": reach.cells_hashes(sources),
             "definitions": reach.definitions(sources, reach.shown(shown_text(nb)),
-                                             reach.TreeSources(package_dir))}
+                                             reach.TreeSources(package_dir)),
+            "recorder": recorder_hashes(root, package_dir)}
 
 
 def artifact_hashes(folder: Path) -> dict[str, str]:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from gpuinfer.publish import cells as cellkinds
 from gpuinfer.publish.kept import DATA_FILE, read
+from gpuinfer.publish.reach import cells_hashes
 from gpuinfer.publish.validation import METADATA_KEY
 
 CELL_TIMEOUT_S = 300
@@ -211,8 +212,6 @@ def page(nb, recorded, data_path: Path, cwd: Path, chapter: str):
     re-worded comment keeps its outputs) and the outputs of its presentation cells, run now
     from the values kept in `data_path`. ValueError if the measurement cells are not the
     recorded ones; PresentationError if a presentation cell fails."""
-    from gpuinfer.publish.reach import cells_hashes
-
     cells, recorded_cells = ([c for _, c in cellkinds.measurement_cells(notebook)]
                              for notebook in (nb, recorded))
     if cells_hashes([c.source for c in cells]) != \

@@ -34,8 +34,11 @@ What is reached, starting from the names the cells use:
   what they reach), and so does the object's module where the object is a package module
   (`getattr(ceilings, name)`, `vars(ceilings)`, the module of `from m import *`);
 - a string in reached code that names a package module (`"gpuinfer.measure.stock"` in
-  `[sys.executable, "-m", "gpuinfer.measure.stock"]`, an `import_module` argument) reaches
-  that whole module: it runs as a subprocess entry point or is imported by name;
+  `[sys.executable, "-m", "gpuinfer.measure.stock"]`, an `import_module` argument), or
+  Python source in a string that imports one (the code of `python -c`), reaches that whole
+  module: it runs as a subprocess entry point or is imported by name. What cannot be
+  followed (a module run by its file's path, an `import_module` of a name built at run
+  time) the package does not do: tests/test_reach.py scans it and names any such place;
 - what the page shows with `literalinclude` (`shown`): `:pyobject: benchmark` reaches that
   unit, `:pyobject: StaticDecoder.decode_step` the class `StaticDecoder`, and a
   literalinclude without `:pyobject:` the whole module: the page renders today's source of
@@ -47,9 +50,10 @@ change stales whoever reaches its class. `reach` also says why each unit counts 
 which units differ between two `definitions`, for the messages of a stale recording. Not followed: the decorators, defaults and class
 bodies of definitions nothing reaches, though they run at import (the package registers
 nothing that way), and code outside the package (torch's own changes are in the recorded
-provenance, not here). The analysis reads only the parse tree (never `ast.dump` or
+provenance, not here; the recorder's set-up and the requirement pins are hashed apart, by
+gpuinfer.publish.recorder). The analysis reads only the parse tree (never `ast.dump` or
 `symtable`), so Python 3.11 and 3.12 agree; sources come through `Sources`, so past
-commits can be read without a checkout (gpuinfer.publish.blast).
+commits can be read without a checkout (scripts/blast.py).
 """
 
 from __future__ import annotations
@@ -60,37 +64,12 @@ import functools
 import posixpath
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
 
 from gpuinfer.publish.cells import parse as parse_cell
-from gpuinfer.publish.hashes import PACKAGE_DIR, _canonical
+from gpuinfer.publish.parsed import canonical
+from gpuinfer.publish.sources import Sources, TreeSources
 from gpuinfer.publish.units import (NOTHING, ROOT, Code, Module, analyse, code_of,
                                     dotted_name, sha256)
-
-
-class Sources(Protocol):
-    """The package's source files: relpaths under the package folder ('__init__.py',
-    'measure/timing.py')."""
-
-    def read(self, relpath: str) -> str | None: ...
-
-    def files(self) -> list[str]: ...
-
-
-class TreeSources:
-    """The package as it is on disk (the working tree's by default)."""
-
-    def __init__(self, package_dir: Path = PACKAGE_DIR):
-        self.package_dir = Path(package_dir)
-
-    def read(self, relpath: str) -> str | None:
-        path = self.package_dir / relpath
-        return path.read_text(encoding="utf8") if path.is_file() else None
-
-    def files(self) -> list[str]:
-        return sorted(p.relative_to(self.package_dir).as_posix()
-                      for p in self.package_dir.rglob("*.py"))
 
 
 # --- the measurement cells ----------------------------------------------------------------
@@ -111,7 +90,7 @@ def cells_hashes(sources: list[str]) -> list[str]:
     found = []
     for source in sources:
         tree = _cell_tree(source)
-        found.append(sha256(_canonical(tree) if tree is not None
+        found.append(sha256(canonical(tree) if tree is not None
                              else source.replace("\r\n", "\n")))
     return found
 

@@ -26,6 +26,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuinfer.publish.book import toc_files
+
 # What is not for the reader, by what it looks like in a page's text.
 LEAKS = {
     "a traceback": re.compile(r"Traceback \(most recent call last\)"),
@@ -177,8 +179,6 @@ def read_site(html: Path, docnames: list[str]) -> dict[str, Page]:
 def main(argv: list[str] | None = None) -> int:
     """`python -m gpuinfer.publish.reading [HTML_FOLDER] [--long N]`: a line a page of the
     TOC; with --long N, every sentence over N words and every leak."""
-    from gpuinfer.publish.book import toc_files
-
     args = sys.argv[1:] if argv is None else list(argv)
     long_words = None
     if "--long" in args:

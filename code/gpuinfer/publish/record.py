@@ -132,7 +132,8 @@ def recorded_bytes(chapters: dict[str, Path]) -> int:
     return sum(f.stat().st_size for f in files if f.is_file() and not f.is_symlink())
 
 
-def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Result:
+def record_chapter(chapter: str, path: Path, root: Path, *,
+                   allow_cpu: bool = False) -> Result:
     """Execute one chapter and, if every cell succeeded, write its recording. Raises
     KeyboardInterrupt with the seconds it ran and whether the recording was written."""
     from nbclient.exceptions import CellExecutionError
@@ -148,7 +149,7 @@ def record_chapter(chapter: str, path: Path, *, allow_cpu: bool = False) -> Resu
         artifacts = scratch / "artifacts"
         artifacts.mkdir()
         nb = book.read_chapter(path)
-        hashes = current_hashes(nb)  # of the code that runs, before it runs
+        hashes = current_hashes(nb, root)  # of the code that runs, before it runs
         with PeakMemory() as memory:  # what a reader's GPU needs for this chapter
             cell_seconds = execute(chapter, nb, path.parent, artifacts,
                                    scratch / "kernel.json")
@@ -284,7 +285,7 @@ def record_all(root: Path, chosen: dict[str, Path], *, allow_cpu: bool) -> int:
     try:
         for current, path in chosen.items():
             log(f"\n=== recording {current} ({path.relative_to(root)}) ===")
-            results.append(record_chapter(current, path, allow_cpu=allow_cpu))
+            results.append(record_chapter(current, path, root, allow_cpu=allow_cpu))
             current = None
     except KeyboardInterrupt as interrupt:
         _quiet_interrupted_kernel()

@@ -14,9 +14,8 @@ smoke run) is left to myst-nb, which executes it on this machine's CPU as a prev
 caches that execution); the build warns, naming the command that re-records it.
 
 Under the title of each chapter page goes the recording's provenance, with download links
-(or, for a preview, a banner saying that its outputs are not GPU results). The recording
-and the package modules whose definitions a chapter reaches are Sphinx dependencies of
-its page, so an incremental build picks up a re-recording or a change of the package.
+(or, for a preview, a banner saying that its outputs are not GPU results): that is the
+extension gpuinfer.publish.sphinx_provenance, from the statuses this one finds.
 
 Every page glues `peak_gpu_gib` (gpuinfer.publish.present.PEAK_NAME): a page made from its
 recording glues the recording's peak GPU memory; a preview glues NaN, from a hidden code
@@ -43,10 +42,11 @@ from pathlib import Path
 
 from sphinx.util import logging
 
-from gpuinfer.env import host_text
 from gpuinfer.publish import book, recordings
-from gpuinfer.publish.hashes import PACKAGE_DIR
-from gpuinfer.publish.present import PEAK_NAME, PresentationError
+from gpuinfer.publish.sources import PACKAGE_DIR
+from gpuinfer.publish.kept import DATA_FILE
+from gpuinfer.publish.present import PEAK_NAME, PresentationError, page
+from gpuinfer.publish.titles import insert_after_title
 
 logger = logging.getLogger(__name__)
 SEED_KEY = "gpuinfer_recording"  # cache record data: sha256 of the recording it came from
@@ -100,9 +100,6 @@ def page_notebook(app, status: recordings.Status, path: Path):
     """The chapter as its page shows it (gpuinfer.publish.present.page), read by myst-nb's
     own reader; PresentationError if a presentation cell fails."""
     import nbformat
-
-    from gpuinfer.publish.kept import DATA_FILE
-    from gpuinfer.publish.present import page
 
     recorded = nbformat.reads(status.recording.read_text(encoding="utf8"), as_version=4)
     return page(myst_nb_notebook(app, path), recorded, book.artifacts_path(path) / DATA_FILE,
@@ -237,113 +234,7 @@ def seed_cache(app) -> None:
             app.gpuinfer_seeded[app.env.path2doc(str(path))] = path.read_text("utf8")
 
 
-def _link(label: str, target: Path, page_dir: Path) -> str:
-    return f"{{download}}`{label} <{target.relative_to(page_dir).as_posix()}>`"
-
-
-def box(status: recordings.Status, page_dir: Path) -> str:
-    """The MyST block shown under the chapter title."""
-    if not status.fresh:
-        return ("```{admonition} CPU preview: these outputs are not GPU results\n"
-                ":class: danger\n\n"
-                f"This chapter has no valid GPU recording: {status.reason}. So this page "
-                "was executed on the CPU of the machine that built it, and its numbers and "
-                f"figures say nothing about a GPU. Re-record it with "
-                f"{recordings.record_command(status.chapter)}.\n```\n")
-    meta = status.provenance
-    artifacts_dir = status.recording.with_suffix("")
-    if isinstance(meta.get("artifacts"), dict):  # checked against the folder by status()
-        artifacts = [artifacts_dir / name for name in sorted(meta["artifacts"])]
-    else:  # a recording made before artifacts were hashed
-        artifacts = sorted(f for f in artifacts_dir.rglob("*") if f.is_file()) \
-            if artifacts_dir.is_dir() else []
-    downloads = [_link("executed notebook", status.recording, page_dir)]
-    downloads += [_link(f.relative_to(artifacts_dir).as_posix(), f, page_dir)
-                  for f in artifacts]
-    said = recordings.recorded_on(meta)
-    title = said[0].upper() + said[1:]
-    if meta.get("smoke"):
-        kind, device = "warning", f"none, CPU only ({meta.get('cpu', '?')})"
-    else:
-        kind = "note"
-        device = f"{meta.get('gpu')}, driver {meta.get('driver')}, CUDA {meta.get('cuda')}"
-    triton = meta.get("triton") or ("not recorded" if "triton" not in meta else "none")
-    return (f"```{{admonition}} {title}\n:class: {kind}\n\n"
-            f"- **GPU:** {device}\n"
-            f"- **Host:** {host_text(meta)}\n"
-            f"- **Software:** torch {meta.get('torch')}, Triton {triton}, transformers "
-            f"{meta.get('transformers')}, Python {meta.get('python')}\n"
-            f"- **Recorded:** {meta.get('date')}, the chapter ran in "
-            f"{meta.get('seconds')} s\n"
-            f"- **Download:** {', '.join(downloads)}\n```\n")
-
-
-def _front_matter_end(lines: list[str]) -> int:
-    """The index of the first line after the front matter (0 without one)."""
-    if lines and lines[0].startswith("---"):
-        return next((i + 1 for i in range(1, len(lines)) if lines[i].startswith("---")), 0)
-    return 0
-
-
-def _title_line(lines: list[str]) -> int | None:
-    """The index of the first `# ` heading after the front matter, outside code fences."""
-    fence = None
-    for i in range(_front_matter_end(lines), len(lines)):
-        marker = lines[i].lstrip()[:3]
-        if marker in ("```", "~~~"):
-            fence = None if fence == marker else fence or marker
-        elif fence is None and re.match(r"#\s", lines[i]):
-            return i
-    return None
-
-
-def chapter_title(path: Path) -> str:
-    """A page's title, its first `# ` heading as written (e.g. '4. Decode at scale: ...');
-    the file's stem where it has none."""
-    lines = path.read_text(encoding="utf8").splitlines()
-    at = _title_line(lines)
-    return lines[at][1:].strip() if at is not None else path.stem
-
-
-def insert_after_title(text: str, block: str) -> str:
-    """Insert a markdown block after the first `# ` heading (after the front matter)."""
-    lines = text.splitlines(keepends=True)
-    at = _title_line(lines)
-    at = _front_matter_end(lines) if at is None else at + 1
-    return "".join(lines[:at]) + "\n" + block + "\n" + "".join(lines[at:])
-
-
-def note_dependencies(env, status: recordings.Status, path: Path) -> None:
-    """Note what a page drawn from the chapter's recording depends on, so that an
-    incremental build re-reads it when one changes: the TOC (the chapter may leave it),
-    the chapter (its presentation cells), its recording and files (a missing file: re-read
-    every build) and the package's code (the presentation cells may call any of it)."""
-    folder = status.recording.with_suffix("")
-    found = [Path(env.srcdir) / "_toc.yml", path, status.recording]
-    found += [folder / name for name in (status.provenance.get("artifacts") or {})]
-    for dependency in found + sorted(PACKAGE_DIR.rglob("*.py")):
-        env.note_dependency(str(dependency))
-
-
-def add_box(app, docname: str, source: list[str]) -> None:
-    """source-read: note the page's dependencies and put the box under its title (stop
-    if a chapter read as fresh was edited since: a CPU run would show as its recording)."""
-    status = getattr(app, "gpuinfer_status", {}).get(docname)
-    if status is None:
-        return
-    path = Path(app.env.doc2path(docname))
-    if getattr(app, "gpuinfer_seeded", {}).get(docname) not in (None, path.read_text(
-            "utf8")):  # myst-nb would miss its seeded cache and run it on the CPU
-        stop(f"{path} changed while the site was being built, after its recording was "
-             "read: build again")
-    note_dependencies(app.env, status, path)
-    page_dir = path.parent
-    block = box(status, page_dir) + ("" if status.fresh else "\n" + PREVIEW_CELL)
-    source[0] = insert_after_title(source[0], block)
-
-
 def setup(app):
     app.add_config_value("gpuinfer_accept_cpu_recordings", False, "env")  # tests only
     app.connect("builder-inited", seed_cache, priority=600)  # after myst-nb's (500)
-    app.connect("source-read", add_box)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -26,7 +26,7 @@ from sphinx.util.docutils import SphinxDirective
 
 from gpuinfer.env import GPU_BUDGET_GIB
 from gpuinfer.publish import book, recordings
-from gpuinfer.publish.sphinx_site import table
+from gpuinfer.publish.tables import table
 
 STATE_TEXT = {"fresh": "up to date", "stale": "stale (from an older version)",
               "missing": "not recorded yet", "cpu": "CPU smoke run, not a GPU",

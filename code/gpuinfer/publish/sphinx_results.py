@@ -33,8 +33,9 @@ from sphinx.util.docutils import SphinxDirective
 from gpuinfer.measure.roofline import lookup_spec
 from gpuinfer.publish import book, recordings
 from gpuinfer.publish.compare import glued_in
-from gpuinfer.publish.sphinx_recordings import chapter_title, note_dependencies
-from gpuinfer.publish.sphinx_site import table
+from gpuinfer.publish.sphinx_provenance import note_dependencies
+from gpuinfer.publish.tables import table
+from gpuinfer.publish.titles import chapter_title
 from gpuinfer.report import results
 
 logger = logging.getLogger(__name__)

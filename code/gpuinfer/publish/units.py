@@ -16,7 +16,7 @@ import functools
 import hashlib
 from dataclasses import dataclass
 
-from gpuinfer.publish.hashes import _canonical, _python_tree
+from gpuinfer.publish.parsed import canonical, python_tree
 
 ROOT = "gpuinfer"
 
@@ -64,11 +64,29 @@ def _absolute(node: ast.ImportFrom, module: str | None, is_package: bool) -> str
 
 
 def _module_names(text: str) -> set[str]:
-    """The package module names a string may name: itself, or what follows '-m'."""
+    """The package module names a string may name: itself, what follows '-m', or what it
+    imports where it is Python code (`python -c "from gpuinfer.x import f; f()"`)."""
     words = text.split()
     found = {text} if len(words) == 1 else set()
     found |= {b for a, b in zip(words, words[1:]) if a == "-m"}
+    if "import" in text and ROOT in text:
+        found |= _imported_by_code(text)
     return {w for w in found if w == ROOT or w.startswith(ROOT + ".")}
+
+
+def _imported_by_code(text: str) -> set[str]:
+    """The dotted modules a piece of Python source imports ({} if it is not Python)."""
+    try:
+        tree = python_tree(text)
+    except SyntaxError:
+        return set()
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return found
 
 
 def code_of(nodes: list, module: str | None = None, is_package: bool = False) -> Code:
@@ -157,7 +175,7 @@ def analyse(text: str, dotted: str, is_package: bool) -> Module:
     """`text`, the source of module `dotted`, as units. Source that does not parse is one
     unit, its statements, hashed as written (running it fails anyway)."""
     try:
-        tree = _python_tree(text)
+        tree = python_tree(text)
     except SyntaxError:
         return Module({}, (sha256(text.replace("\r\n", "\n")), NOTHING), {})
     defs: dict[str, list] = {}
@@ -167,7 +185,7 @@ def analyse(text: str, dotted: str, is_package: bool) -> Module:
             defs.setdefault(stmt.name, []).append(stmt)  # defined twice: one unit of both
         else:
             rest.append(stmt)
-    units = {name: (sha256(_canonical(nodes[0] if len(nodes) == 1 else nodes)),
+    units = {name: (sha256(canonical(nodes[0] if len(nodes) == 1 else nodes)),
                     code_of(nodes, dotted, is_package)) for name, nodes in defs.items()}
     statements = code_of(rest, dotted, is_package)
     namespace: dict[str, str | tuple[str, ...]] = {
@@ -175,7 +193,7 @@ def analyse(text: str, dotted: str, is_package: bool) -> Module:
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)}
     namespace.update(statements.bindings)
     namespace.update((name, "unit") for name in units)
-    return Module(units, (sha256(_canonical(rest)), statements), namespace)
+    return Module(units, (sha256(canonical(rest)), statements), namespace)
 
 
 def dotted_name(relpath: str) -> str:

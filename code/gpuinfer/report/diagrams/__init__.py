@@ -4,7 +4,7 @@ A diagram is a schematic, not a plot of data: boxes for buffers and kernels, arr
 what moves, lanes for a timeline. It is drawn in the book's style (gpuinfer.report.plots:
 the palette, the fonts, a white background that survives dark mode) on a canvas measured
 in its own units, with no axes, and shown by `show`, which stores its alt text in the PNG
-for the page's <img> (gpuinfer.publish.sphinx_site). A chapter draws one in a presentation
+for the page's <img> (gpuinfer.publish.sphinx_figures). A chapter draws one in a presentation
 cell and either shows it there (the cell tagged `diagram`) or glues it (`image`) into a
 `{glue:figure}` of class `diagram`, with a caption; the site's reading tests count both.
 

@@ -1,6 +1,6 @@
 """Which chapter recordings each past commit staled, under today's rule and the old one.
 
-`python -m gpuinfer.publish.blast FROM TO [--repo PATH] [--units]` replays the first-parent
+`python scripts/blast.py FROM TO [--repo PATH] [--units]` replays the first-parent
 commits after FROM up to TO and compares each chapter with the parent commit under two
 rules:
 
@@ -17,6 +17,9 @@ cat-file`), never checked out, so the working tree is left as it is. The last li
 `total N of M; by definitions n of m`, counts the recordings staled under today's rule (N)
 and the per-module one (M), and the part of each caused by package code rather than by the
 chapter's own cells (n, m): the blast radius of a change to the package.
+
+A tool for looking back at the project's history, not part of the book's package: it runs
+with the package importable (installed, or `PYTHONPATH=code`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuinfer.publish import reach
-from gpuinfer.publish.hashes import source_hash
+from gpuinfer.publish.parsed import source_hash
 from gpuinfer.publish.units import ROOT, analyse, dotted_name
 
 PACKAGE = f"code/{ROOT}/"  # where the package lies in the repository
@@ -307,7 +310,7 @@ def blast(repo: Path | str, start: str, end: str) -> Blast:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpuinfer.publish.blast",
+        prog="python scripts/blast.py",
         description="Which chapter recordings each first-parent commit after FROM up to "
                     "TO staled, under today's rule and the per-module one.")
     parser.add_argument("start", metavar="FROM")
