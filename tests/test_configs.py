@@ -79,14 +79,14 @@ def test_the_rope_scalings_the_decoders_take_give_transformers_tokens(scaling, t
         assert not torch.equal(decode_naive(plain, prompt, NEW), reference)
     capacity = PROMPT + NEW
     static = StaticDecoder(model, 1, capacity)
-    assert torch.equal(runners.generate(static, prompt, NEW, runners.V4), reference)
+    assert torch.equal(runners.generate(static, prompt, NEW, runners.EAGER), reference)
     assert torch.equal(TritonDecoder(model, capacity=capacity).generate(prompt, NEW),
                        reference)
     model.save_pretrained(tmp_path)  # the scaling survives config.json
     loaded = load_llama(tmp_path, dtype=torch.float32, device=DEVICE)
     assert rope_type(loaded.config) == scaling
     from_folder = StaticDecoder(loaded, 1, capacity)
-    assert torch.equal(runners.generate(from_folder, prompt, NEW, runners.V4), reference)
+    assert torch.equal(runners.generate(from_folder, prompt, NEW, runners.EAGER), reference)
 
 
 @pytest.mark.parametrize("case", list(REFUSED))

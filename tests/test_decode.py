@@ -30,9 +30,9 @@ def test_reference_shape_and_type(reference, prompt):
     assert reference.dtype == torch.int64 and reference.device.type == "cpu"
 
 
-@pytest.mark.parametrize("name", [n for n in decode.VARIANTS if not n.startswith("V0")])
+@pytest.mark.parametrize("name", [n for n in decode.LOOPS if n != "naive"])
 def test_every_fp32_variant_is_bit_exact(name, model, prompt, reference):
-    out = decode.VARIANTS[name](model, prompt, NEW_TOKENS)
+    out = decode.LOOPS[name](model, prompt, NEW_TOKENS)
     assert out.dtype == torch.int64 and out.device.type == "cpu"
     assert torch.equal(out, reference), name
 
@@ -47,7 +47,7 @@ def test_the_workload_size_is_bit_exact_too():
         assert torch.equal(fn(model, prompt, 6), ref), fn.__name__
 
 
-@pytest.mark.parametrize("fn", list(decode.VARIANTS.values()))
+@pytest.mark.parametrize("fn", list(decode.LOOPS.values()))
 def test_edge_lengths(fn, model, prompt, reference):
     assert fn(model, prompt, 0).shape == (prompt.shape[0], 0)
     assert torch.equal(fn(model, prompt, 1), reference[:, :1])
@@ -121,12 +121,23 @@ def test_lean_refuses_attention_it_cannot_mask():
         decode.decode_lean(model, random_prompt(config, 4), 2)
 
 
-@pytest.mark.parametrize("name", list(decode.VARIANTS) + list(decode.BASELINES))
+@pytest.mark.parametrize("name", list(decode.LOOPS) + list(decode.BASELINES))
 def test_eager_attention_is_bit_exact_too(name):
     """Chapters 2 and 3 run transformers' eager attention: every loop still gives V0's
     tokens (the lean loop writes the prompt's causal mask out)."""
     model = build_model(model_config("toy", vocab_size=512), seed=0,
                         attn_implementation="eager")
     prompt = random_prompt(model.config, 16, batch=2, seed=3)
-    fn = decode.VARIANTS.get(name) or decode.BASELINES[name]
+    fn = decode.LOOPS.get(name) or decode.BASELINES[name]
     assert torch.equal(fn(model, prompt, 12), decode.decode_naive(model, prompt, 12))
+
+
+def test_every_loop_has_the_books_label():
+    from gpuinfer.report import labels
+
+    assert [labels.loop_label(name) for name in decode.LOOPS] == [
+        "V0 naive", "V1 KV cache", "V2 no sync", "V2s static cache", "V2L lean loop"]
+    with pytest.raises(KeyError, match="'V2L' has no label: one of"):
+        labels.loop_label("V2L")
+    assert labels.is_naive_loop("V0 naive") and labels.is_naive_loop("V0 fixture")
+    assert not labels.is_naive_loop("V2L lean loop") and not labels.is_naive_loop("V01")

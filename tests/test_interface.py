@@ -99,8 +99,8 @@ def test_a_prompt_that_does_not_fit_is_refused(loaded, prompt):
 
 
 def test_a_compiled_mode_is_refused_for_a_triton_decoder(loaded):
-    with pytest.raises(ValueError, match="V4 .eager. or V5"):
-        runners.runner(TritonDecoder(loaded, capacity=16), runners.V7)
+    with pytest.raises(ValueError, match="runs eager or eager_graph"):
+        runners.runner(TritonDecoder(loaded, capacity=16), runners.COMPILED_GRAPH)
 
 
 @pytest.mark.gpu
@@ -115,7 +115,7 @@ def test_a_step_captured_after_a_prefill_keeps_it(loaded, prompt, kind):
     with torch.no_grad():
         eager.prefill(prompt)
         graphed.prefill(prompt)
-        step = runners.runner(graphed, runners.V5)  # captured now, after the prefill
+        step = runners.runner(graphed, runners.EAGER_GRAPH)  # captured now, after the prefill
         for i in range(prompt.shape[1], sequence.shape[1] - 1):
             for decoder, run in ((eager, eager.decode_step), (graphed, step)):
                 decoder.tokens[:, i] = sequence[:, i]
@@ -238,7 +238,7 @@ def test_cpu_weights_for_compiled_kernels_are_refused(loaded, monkeypatch):
 def test_a_decoder_sees_its_models_weights_change(checkpoint, prompt):
     model = load_llama(checkpoint, dtype=torch.float32, device=DEVICE)
     other = LlamaForCausalLM(copy.deepcopy(model.config)).to(DEVICE).eval()
-    decode = runners.decode_fn(runners.V4)
+    decode = runners.decode_fn(runners.EAGER)
     before = decode(model, prompt, NEW)
     built = decoders(model)
     model.load_state_dict(other.state_dict())  # in place: the decoders' copies are old

@@ -13,6 +13,7 @@ from gpuinfer.decode import runners, static as sd
 from gpuinfer.decode.loops import decode_naive
 from gpuinfer.measure.profiling import load_trace
 from gpuinfer.model.configs import build_model, model_config, random_prompt
+from gpuinfer.report import labels
 from gpuinfer.report.trace import step_stats
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -26,17 +27,33 @@ def workload():
     return model, prompt, decode_naive(model, prompt, 20)
 
 
-def test_the_books_modes():
-    assert [m.name for m in runners.MODES] == ["V4", "V5", "V6", "V7", "V8", "V9"]
-    assert runners.V9 == dataclasses.replace(runners.V7, name="V9", pdl=True)
+def test_the_modes_are_named_for_what_they_are():
+    assert [m.name for m in runners.MODES] == ["eager", "eager_graph", "compiled",
+                                               "compiled_graph", "compiled_trees",
+                                               "compiled_graph_pdl"]
+    assert runners.COMPILED_GRAPH_PDL == dataclasses.replace(
+        runners.COMPILED_GRAPH, name="compiled_graph_pdl", pdl=True)
     assert not any(m.tune or m.dynamic for m in runners.MODES)
-    assert runners.V4.label == "V4: eager"
-    assert runners.V5.label == "V5: eager, CUDA graph by hand"
-    assert runners.V9.label == "V9: compiled with PDL, CUDA graph by hand"
-    assert runners.V8.label == "V8: compiled, cudagraph trees (reduce-overhead)"
-    assert dataclasses.replace(runners.V9, tune=True, dynamic=True).label == (
-        "V9: compiled with PDL, tuned, dynamic shapes, CUDA graph by hand")
-    assert len({m.label for m in runners.MODES}) == len(runners.MODES)
+    assert runners.EAGER.words == "eager"
+    assert runners.EAGER_GRAPH.words == "eager, CUDA graph by hand"
+    assert runners.COMPILED_GRAPH_PDL.words == "compiled with PDL, CUDA graph by hand"
+    assert runners.COMPILED_TREES.words == "compiled, cudagraph trees (reduce-overhead)"
+    assert dataclasses.replace(runners.COMPILED_GRAPH_PDL, tune=True, dynamic=True).words == (
+        "compiled with PDL, tuned, dynamic shapes, CUDA graph by hand")
+    assert len({m.words for m in runners.MODES}) == len(runners.MODES)
+
+
+def test_the_books_labels_for_the_modes_are_the_reports():
+    shorts = [labels.short_label(m) for m in runners.MODES]
+    assert shorts == ["V4", "V5", "V6", "V7", "V8", "V9"]
+    assert labels.mode_label(runners.EAGER) == "V4: eager"
+    assert labels.mode_label(runners.COMPILED_GRAPH_PDL) == (
+        "V9: compiled with PDL, CUDA graph by hand")
+    dynamic = dataclasses.replace(runners.COMPILED_GRAPH_PDL, dynamic=True)
+    assert labels.mode_label(dynamic) == (
+        "V9: compiled with PDL, dynamic shapes, CUDA graph by hand")
+    assert labels.short_label(runners.Mode("mine")) == "mine"  # one the book does not number
+    assert set(labels.MODE_SHORT) == {m.name for m in runners.MODES}
 
 
 @pytest.mark.parametrize("options, needs", [({"pdl": True}, "pdl"), ({"tune": True}, "tune"),
@@ -53,11 +70,11 @@ def test_an_unknown_graph_is_refused():
 
 
 def test_pdl_is_a_compile_option_and_a_mode(workload):
-    assert runners.V9.compile_options() == {"coordinate_descent_tuning": False,
+    assert runners.COMPILED_GRAPH_PDL.compile_options() == {"coordinate_descent_tuning": False,
                                             "triton.enable_pdl": True,
                                             "triton.cudagraphs": False}
-    assert runners.V7.compile_options()["triton.enable_pdl"] is False
-    assert runners.V8.compile_options()["triton.cudagraphs"] is True
+    assert runners.COMPILED_GRAPH.compile_options()["triton.enable_pdl"] is False
+    assert runners.COMPILED_TREES.compile_options()["triton.cudagraphs"] is True
     # Inductor must know every option (a typo would only fail at compile time, on the GPU).
     import torch._inductor.config as inductor_config
     for mode in runners.MODES:
@@ -65,17 +82,18 @@ def test_pdl_is_a_compile_option_and_a_mode(workload):
             section, _, name = k.rpartition(".")
             assert hasattr(getattr(inductor_config, section) if section else inductor_config,
                            name), k
-    v9 = runners.VARIANTS[runners.V9.label]
-    assert v9.mode is runners.V9 and v9.__name__ == "decode_V9_matmul"
-    assert runners.decode_fn(runners.V4, attention="sdpa").__name__ == "decode_V4_sdpa"
+    pdl = runners.DECODE_FN_BY_MODE["compiled_graph_pdl"]
+    assert pdl.mode is runners.COMPILED_GRAPH_PDL
+    assert pdl.__name__ == "decode_compiled_graph_pdl_matmul"
+    assert runners.decode_fn(runners.EAGER, attention="sdpa").__name__ == "decode_eager_sdpa"
 
 
 def test_runner_is_built_once_per_decoder_and_mode(workload):
     model, prompt, reference = workload
     decoder = sd.StaticDecoder(model, 1, 64)
-    first = runners.runner(decoder, runners.V4)
-    assert runners.runner(decoder, runners.V4) is first
-    assert runners.runner(decoder, dataclasses.replace(runners.V4, name="again")) is first
+    first = runners.runner(decoder, runners.EAGER)
+    assert runners.runner(decoder, runners.EAGER) is first
+    assert runners.runner(decoder, dataclasses.replace(runners.EAGER, name="again")) is first
     assert torch.equal(runners.generate(decoder, prompt, 20), reference)
     assert runners.generate(decoder, prompt, 0).shape == (1, 0)
 
@@ -88,7 +106,7 @@ def test_a_decoder_and_its_runners_die_with_their_last_reference(workload):
 
     model, prompt, _ = workload
     decoder = sd.StaticDecoder(model, 1, 64)
-    runners.generate(decoder, prompt, 2, runners.V4)
+    runners.generate(decoder, prompt, 2, runners.EAGER)
     gone = weakref.ref(decoder)
     del decoder
     gc.collect()
@@ -110,19 +128,19 @@ def test_decoder_for_keeps_one_decoder_per_model_shape_and_dtype(workload):
 def test_step_timing_and_profile(workload, tmp_path):
     model, prompt, _ = workload
     decoder = runners.decoder_for(model, 1, sd.capacity_for(32, 20))
-    timing = runners.step_timing(decoder, prompt, runners.V4, warmup=1, repeats=3)
+    timing = runners.step_timing(decoder, prompt, runners.EAGER, warmup=1, repeats=3)
     assert timing.repeats == 3 and timing.median > 0
     with pytest.raises(ValueError, match="exceed the decoder.s capacity"):
-        runners.step_timing(decoder, prompt, runners.V4, warmup=10, repeats=100)
+        runners.step_timing(decoder, prompt, runners.EAGER, warmup=10, repeats=100)
     path = str(tmp_path / "steps.json.gz")
-    trace = runners.profile_steps(decoder, prompt, runners.V4, path, steps=3, warmup=1)
+    trace = runners.profile_steps(decoder, prompt, runners.EAGER, path, steps=3, warmup=1)
     assert step_stats(load_trace(path)).steps == 3 == step_stats(trace).steps
 
 
 def test_head_start_profile_on_the_cpu_is_a_plain_profile(workload):
     model, prompt, _ = workload
     decoder = runners.decoder_for(model, 1, sd.capacity_for(32, 20))
-    stats = step_stats(runners.profile_steps(decoder, prompt, runners.V4, steps=2, warmup=0,
+    stats = step_stats(runners.profile_steps(decoder, prompt, runners.EAGER, steps=2, warmup=0,
                                              head_start=True))
     assert stats.steps == 2
     if not torch.cuda.is_available():  # no GPU work in the trace: nothing was queued ahead
@@ -146,7 +164,7 @@ def test_cold_compile_restores_the_caches():
 @pytest.mark.gpu
 def test_graph_replay_gives_the_eager_tokens(workload):
     model, prompt, reference = workload
-    eager, graph = runners.decode_fn(runners.V4), runners.decode_fn(runners.V5)
+    eager, graph = runners.decode_fn(runners.EAGER), runners.decode_fn(runners.EAGER_GRAPH)
     assert torch.equal(graph(model, prompt, 20), eager(model, prompt, 20))
     # prefill resets the cache in place; the same captured graph replays the same tokens
     other = random_prompt(model.config, 32, seed=7, device=DEVICE)
@@ -158,15 +176,16 @@ def test_graph_replay_gives_the_eager_tokens(workload):
 def test_graphed_step_is_faster(workload):
     model, prompt, _ = workload
     decoder = runners.decoder_for(model, 1, 128)  # room for the timed steps
-    eager = runners.step_timing(decoder, prompt, runners.V4, warmup=5, repeats=30)
-    graph = runners.step_timing(decoder, prompt, runners.V5, warmup=5, repeats=30)
+    eager = runners.step_timing(decoder, prompt, runners.EAGER, warmup=5, repeats=30)
+    graph = runners.step_timing(decoder, prompt, runners.EAGER_GRAPH, warmup=5, repeats=30)
     assert graph.median < eager.median
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", [runners.V6, runners.V7, runners.V8, runners.V9,
-                                  dataclasses.replace(runners.V8, pdl=True)])
+@pytest.mark.parametrize("mode", [runners.COMPILED, runners.COMPILED_GRAPH,
+                                  runners.COMPILED_TREES, runners.COMPILED_GRAPH_PDL,
+                                  dataclasses.replace(runners.COMPILED_TREES, pdl=True)])
 def test_compiled_steps_give_the_reference_tokens(workload, mode):
     model, prompt, reference = workload
     assert torch.equal(runners.decode_fn(mode)(model, prompt, 20), reference)
@@ -195,7 +214,7 @@ def test_a_dynamic_mode_compiles_once_for_every_batch():
 @pytest.mark.gpu
 def test_dynamic_mode_gives_the_reference_tokens(workload):
     model, prompt, reference = workload
-    dynamic = dataclasses.replace(runners.V9, dynamic=True)
+    dynamic = dataclasses.replace(runners.COMPILED_GRAPH_PDL, dynamic=True)
     for batch in (1, 2):
         decoder = sd.StaticDecoder(model, batch, 64)
         prompts = prompt.expand(batch, -1).contiguous()
@@ -207,7 +226,7 @@ def test_dynamic_mode_gives_the_reference_tokens(workload):
 def test_head_start_queues_every_graphed_step(workload):
     model, prompt, _ = workload
     decoder = runners.decoder_for(model, 1, 128)
-    stats = step_stats(runners.profile_steps(decoder, prompt, runners.V5, steps=10,
+    stats = step_stats(runners.profile_steps(decoder, prompt, runners.EAGER_GRAPH, steps=10,
                                              head_start=True))
     assert stats.queued_ahead and stats.kernels > 0
     assert 0 < stats.gpu_span_busy_fraction <= 1
@@ -220,8 +239,8 @@ def test_compiled_teacher_forcing_matches_the_eager_step(workload):
     model, prompt, reference = workload
     decoder = sd.StaticDecoder(model, 1, 64)
     eager = forced_decoder_logits(decoder, prompt, reference[:, :8])
+    step_logits = runners.compiled_step_logits(decoder, runners.COMPILED_GRAPH_PDL)
     compiled = forced_decoder_logits(decoder, prompt, reference[:, :8],
-                                     step_logits=runners.compiled_step_logits(decoder,
-                                                                              runners.V9))
+                                     step_logits=step_logits)
     agreement = compare_logits(eager, compiled)
     assert agreement.top1 == 1.0 and agreement.rel < 1e-4

@@ -28,16 +28,17 @@ def test_our_decoder_reproduces_reference_tokens(small_model, batch):
     assert len(set(reference[0].tolist())) > 4, "a degenerate reference would test nothing"
     decoder = runners.decoder_for(small_model, batch, 64, attention=sc.ATTENTION)
     assert decoder.attention == sc.ATTENTION
-    ours = runners.generate(decoder, prompt, 12, runners.V4)
+    ours = runners.generate(decoder, prompt, 12, runners.EAGER)
     assert torch.equal(ours, reference)
     # The same decoder, reused for a new prompt, starts from a clean state.
-    assert torch.equal(runners.generate(decoder, prompt, 12, runners.V4), reference)
+    assert torch.equal(runners.generate(decoder, prompt, 12, runners.EAGER), reference)
 
 
 def test_the_chapters_modes_are_the_books_untuned():
-    assert [m.name for m in sc.MODES] == ["V4", "V5", "V9", "V8"]
+    assert [m.name for m in sc.MODES] == ["eager", "eager_graph", "compiled_graph_pdl",
+                                          "compiled_trees"]
     assert not any(m.tune for m in sc.MODES)
-    assert len({m.label for m in sc.MODES}) == len(sc.MODES)
+    assert len({m.words for m in sc.MODES}) == len(sc.MODES)
 
 
 def test_our_decoder_untied_and_stock_generate_agree():
@@ -90,7 +91,7 @@ def test_profile_generate_marks_the_call():
 
 
 def test_batch_sweep_on_cpu(small_model):
-    points, note = sc.batch_sweep(small_model, [1, 2], prompt_len=8, mode=runners.V4,
+    points, note = sc.batch_sweep(small_model, [1, 2], prompt_len=8, mode=runners.EAGER,
                                   warmup=1, repeats=2)
     assert note == "" and [p.batch for p in points] == [1, 2]
     assert [p.compiled for p in points] == [0, 0]  # the eager step compiles nothing
@@ -116,7 +117,7 @@ def test_batch_sweep_counts_compilations_and_stops_at_the_recompile_limit(small_
 
     monkeypatch.setattr(runners, "step_timing", step_timing)
     points, note = sc.batch_sweep(small_model, [1, 2, 4, 8], prompt_len=8,
-                                  mode=runners.V4, warmup=1, repeats=2)
+                                  mode=runners.EAGER, warmup=1, repeats=2)
     assert [(p.batch, p.compiled) for p in points] == [(1, 1), (2, 1)]
     assert note.startswith("batch 4 would have been recompiled past torch.compile's limit")
 
@@ -125,17 +126,17 @@ def test_batch_sweep_times_a_reused_decoder_in_its_own_mode(small_model):
     """A batch in `reuse` runs on the decoder given for it, in the mode given with it (no
     new decoder, nothing compiled again); the other batches as before."""
     decoder = runners.decoder_for(small_model, 1, 64, attention=sc.ATTENTION)
-    runners.generate(decoder, random_prompt(small_model.config, 8, seed=1), 4, runners.V4)
+    runners.generate(decoder, random_prompt(small_model.config, 8, seed=1), 4, runners.EAGER)
     built = dict(decoder.__dict__["_gpuinfer_runners"])
-    points, note = sc.batch_sweep(small_model, [1, 2], prompt_len=8, mode=runners.V4,
-                                  warmup=1, repeats=2, reuse={1: (decoder, runners.V4)})
+    points, note = sc.batch_sweep(small_model, [1, 2], prompt_len=8, mode=runners.EAGER,
+                                  warmup=1, repeats=2, reuse={1: (decoder, runners.EAGER)})
     assert note == "" and [p.batch for p in points] == [1, 2]
     assert [p.capacity for p in points] == [64, 64]  # capacity_for(8, 4) rounds up to 64
-    assert [p.mode for p in points] == [runners.V4.label] * 2
+    assert [p.mode for p in points] == ["V4: eager"] * 2
     assert decoder.__dict__["_gpuinfer_runners"] == built  # its runner, reused
     with pytest.raises(ValueError, match="decoder of batch 1"):
-        sc.batch_sweep(small_model, [2], prompt_len=8, mode=runners.V4, warmup=1,
-                       repeats=2, reuse={2: (decoder, runners.V4)})
+        sc.batch_sweep(small_model, [2], prompt_len=8, mode=runners.EAGER, warmup=1,
+                       repeats=2, reuse={2: (decoder, runners.EAGER)})
 
 
 def test_stock_baselines_gives_each_variant_its_own_warmup(monkeypatch):
@@ -154,4 +155,4 @@ def test_stock_baselines_gives_each_variant_its_own_warmup(monkeypatch):
                               new_tokens=4, rounds=3)
     assert calls == [(("dynamic",), 1), (("static",), 3)]
     assert list(both.runs) == ["dynamic", "static"] and both.rounds == 3
-    assert both["static"].label == stock.VARIANTS["static"]
+    assert both["static"].label == stock.STOCK_VARIANTS["static"]

@@ -122,7 +122,7 @@ def test_bad_input_is_refused_with_the_fix(models, prompt):
 
 @pytest.mark.gpu
 def test_compiled_and_graphed_passes_give_the_targets_tokens(models, prompt):
-    _, spec = pair(*models, mode=runners.V9)
+    _, spec = pair(*models, mode=runners.COMPILED_GRAPH_PDL)
     reference = runners.generate(StaticDecoder(models[0], 1, 64), prompt, NEW)
     for k in (1, 3, 6):
         assert torch.equal(spec.generate(prompt, NEW, k), reference)
@@ -143,7 +143,7 @@ def test_a_speculative_decoder_has_the_decoders_interface(models, prompt):
 
 def test_cudagraph_trees_are_refused_for_a_pass(models):
     with pytest.raises(ValueError, match="by hand"):
-        pair(*models, mode=runners.V8)
+        pair(*models, mode=runners.COMPILED_TREES)
 
 
 # --- on Chapter 5's kernels: two TritonDecoders ---------------------------------------

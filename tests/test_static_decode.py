@@ -27,7 +27,7 @@ def workload():
 
 def test_static_cache_gives_the_dynamic_cache_tokens(workload):
     model, prompt, reference = workload
-    tokens = runners.decode_fn(runners.V4)(model, prompt, 20)
+    tokens = runners.decode_fn(runners.EAGER)(model, prompt, 20)
     assert tokens.dtype == torch.int64 and tokens.device.type == "cpu"
     assert tokens.shape == (1, 20)
     assert torch.equal(tokens, decode_kv_cache(model, prompt, 20))
@@ -60,7 +60,7 @@ def test_grouped_query_attention_and_batch(kernel):
     config = small_config(num_key_value_heads=2)
     model = build_model(config, seed=3, device=DEVICE)
     prompt = random_prompt(config, 7, batch=3, device=DEVICE)
-    decode = runners.decode_fn(runners.V4, attention=kernel)
+    decode = runners.decode_fn(runners.EAGER, attention=kernel)
     assert torch.equal(decode(model, prompt, 12), decode_naive(model, prompt, 12))
     decoder = runners.decoder_for(model, 3, sd.capacity_for(7, 12), attention=kernel)
     assert decoder.attention == kernel
@@ -71,7 +71,7 @@ def test_grouped_query_attention_and_batch(kernel):
 def test_prefill_resets_and_nothing_moves(workload):
     model, prompt, reference = workload
     decoder = runners.decoder_for(model, 1, sd.capacity_for(32, 20))
-    decode_static = runners.decode_fn(runners.V4)
+    decode_static = runners.decode_fn(runners.EAGER)
     addresses = [t.data_ptr() for t in decoder.tensors()]
     first = decode_static(model, prompt, 20)
     kept = first.clone()
@@ -86,7 +86,7 @@ def test_prefill_resets_and_nothing_moves(workload):
 
 def test_shorter_generation_is_a_prefix(workload):
     model, prompt, reference = workload
-    decode_static = runners.decode_fn(runners.V4)
+    decode_static = runners.decode_fn(runners.EAGER)
     assert torch.equal(decode_static(model, prompt, 5), reference[:, :5])
     assert decode_static(model, prompt, 0).shape == (1, 0)
 

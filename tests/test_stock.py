@@ -97,7 +97,7 @@ def test_a_failed_process_names_the_variant_and_passes_its_stderr(monkeypatch, c
 def test_a_variant_that_raises_is_reported_not_raised():
     failed = st.StockRun("docs", error="RuntimeError: overwritten")
     assert not failed.ok and math.isnan(failed.median) and math.isnan(failed.prefill)
-    assert failed.label == st.VARIANTS["docs"]
+    assert failed.label == st.STOCK_VARIANTS["docs"]
     baselines = st.StockBaselines({"docs": failed}, "toy", 4, 3, 1)
     assert math.isnan(baselines.glue_values()["stock_docs_fresh_ms"])
     assert "failed (RuntimeError: overwritten)" in baselines.sentence()

@@ -122,7 +122,7 @@ def test_split_in_a_group_of_one_compiles_and_graphs_with_nccl(tmp_path):
         prompt = random_prompt(config, 32, device="cuda")
         whole = StaticDecoder(model, 1, 64, attention="sdpa")
         split = TensorParallelDecoder(model, 1, 64, dist.group.WORLD, attention="sdpa")
-        assert torch.equal(runners.generate(split, prompt, 12, runners.V9),
-                           runners.generate(whole, prompt, 12, runners.V9))
+        assert torch.equal(runners.generate(split, prompt, 12, runners.COMPILED_GRAPH_PDL),
+                           runners.generate(whole, prompt, 12, runners.COMPILED_GRAPH_PDL))
     finally:
         dist.destroy_process_group()

@@ -30,7 +30,7 @@ prompts = {n: random_prompt(config, n, device=dev) for n in (32, 4096)}
 
 def typical(name: str, length: int) -> str:
     """The typical decode step (ms): median of the rounds, and their range."""
-    fn = functools.partial(dec.VARIANTS[name], model, prompts[length], TOKENS)
+    fn = functools.partial(dec.LOOPS[name], model, prompts[length], TOKENS)
     t = dec.split_rounds({name: fn}, TOKENS, rounds=ROUNDS, warmup=1).typical[name]
     return f"{t.median:7.3f} ms ({t.min:.3f}-{t.max:.3f})"
 
@@ -38,19 +38,19 @@ def typical(name: str, length: int) -> str:
 def measure(when: str) -> None:
     cost = launch_us(rounds=30)
     print(f"--- {when}: launch {cost}", flush=True)
-    for name in ("V2L lean loop", "V0 naive"):
+    for name in ("lean", "naive"):
         for length in (32, 4096):
-            print(f"{when:7} {name:14} prompt {length:5}: {typical(name, length)}",
+            print(f"{when:7} {name:6} prompt {length:5}: {typical(name, length)}",
                   flush=True)
 
 
 measure("before")
-for name in ("V0 naive", "V2L lean loop"):  # as Chapter 2 counts each loop's kernels
-    profile_decode(dec.VARIANTS[name], model, prompts[32], 8, keep_steps=3)
+for name in ("naive", "lean"):  # as Chapter 2 counts each loop's kernels
+    profile_decode(dec.LOOPS[name], model, prompts[32], 8, keep_steps=3)
 measure("after 2")
 # Chapter 2 counts the kernels of the 4-layer model too: four profiled runs in all
 tiny = build_model(model_config("tiny"), seed=0, device=dev, attn_implementation="eager")
 tiny_prompt = random_prompt(tiny.config, 32, device=dev)
-for name in ("V0 naive", "V2L lean loop"):
-    profile_decode(dec.VARIANTS[name], tiny, tiny_prompt, 8, keep_steps=3)
+for name in ("naive", "lean"):
+    profile_decode(dec.LOOPS[name], tiny, tiny_prompt, 8, keep_steps=3)
 measure("after 4")

@@ -59,7 +59,8 @@ def _empty_result(prompt_ids: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def decode_naive(model, prompt_ids: torch.Tensor, new_tokens: int, eos_token_id=None):
-    """V0: no KV cache, the whole sequence recomputed every step, one host sync per step."""
+    """The naive loop (V0): no KV cache, the whole sequence recomputed every step, one
+    host sync per step."""
     if new_tokens == 0:
         return _empty_result(prompt_ids)
     ids = prompt_ids
@@ -79,7 +80,8 @@ def decode_naive(model, prompt_ids: torch.Tensor, new_tokens: int, eos_token_id=
 
 @torch.no_grad()
 def decode_kv_cache(model, prompt_ids: torch.Tensor, new_tokens: int, eos_token_id=None):
-    """V1: a DynamicCache keeps every layer's keys and values; each step feeds one token."""
+    """The KV-cache loop (V1): a DynamicCache keeps every layer's keys and values; each
+    step feeds one token."""
     if new_tokens == 0:
         return _empty_result(prompt_ids)
     cache = {cache_kwarg(model): DynamicCache()}
@@ -129,13 +131,15 @@ def _decode_on_device(model, prompt_ids: torch.Tensor, new_tokens: int, cache) -
 
 @torch.no_grad()
 def decode_no_sync(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """V2: V1 without per-step syncs; tokens collect on the device and are read once."""
+    """The loop without syncs (V2): V1 without per-step syncs; tokens collect on the
+    device and are read once."""
     return _decode_on_device(model, prompt_ids, new_tokens, DynamicCache())
 
 
 @torch.no_grad()
 def decode_static_cache(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """V2 with a StaticCache: KV buffers of the final length, allocated once, updated in place."""
+    """The static cache (V2s): V2 with a StaticCache, KV buffers of the final length,
+    allocated once, updated in place."""
     max_len = prompt_ids.shape[1] + new_tokens
     cache = StaticCache(config=model.config, max_cache_len=max_len)
     return _decode_on_device(model, prompt_ids, new_tokens, cache)
@@ -257,12 +261,12 @@ def decode_generate_static(model, prompt_ids: torch.Tensor, new_tokens: int) -> 
     return generate_new_tokens(model, prompt_ids, new_tokens, cache_implementation="static")
 
 
-VARIANTS: dict[str, DecodeFn] = {
-    "V0 naive": decode_naive,
-    "V1 KV cache": decode_kv_cache,
-    "V2 no sync": decode_no_sync,
-    "V2s static cache": decode_static_cache,
-    "V2L lean loop": decode_lean,
+LOOPS: dict[str, DecodeFn] = {  # Chapter 2's loops (their labels: gpuinfer.report.labels)
+    "naive": decode_naive,
+    "kv_cache": decode_kv_cache,
+    "no_sync": decode_no_sync,
+    "static_cache": decode_static_cache,
+    "lean": decode_lean,
 }
 BASELINES: dict[str, DecodeFn] = {
     "generate(), dynamic cache": decode_generate,

@@ -5,9 +5,10 @@ addresses; this module runs it. A way of running it is a `Mode` value: compiled 
 `torch.compile` or not, with no graph, a graph captured by hand (`torch.cuda.CUDAGraph`), or
 the cudagraph trees of `mode="reduce-overhead"`, with or without programmatic dependent
 launch (PDL) and Inductor's coordinate-descent tuning. The book's modes are the constants
-V4 ... V9. `runner(decoder, mode)` builds (once per decoder and mode) the function that runs
-one step; `generate` runs a whole generation with it; `step_timing` and `profile_steps`
-measure single steps.
+EAGER ... COMPILED_GRAPH_PDL (`MODES`; the book's short labels for them, V4 ... V9, live
+in `gpuinfer.report.labels`). `runner(decoder, mode)` builds (once per decoder and mode)
+the function that runs one step; `generate` runs a whole generation with it; `step_timing`
+and `profile_steps` measure single steps.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ GRAPHS = (NO_GRAPH, BY_HAND, TREES)
 
 @dataclass(frozen=True)
 class Mode:
-    """One way of running a decode step. `name` is the book's short name (V7); every other
-    field changes what runs, and an option that a mode could not honour is refused."""
+    """One way of running a decode step. `name` says what it is ("compiled_graph"); every
+    other field changes what runs, and an option that a mode could not honour is refused."""
 
     name: str
     compiled: bool = False
@@ -56,13 +57,13 @@ class Mode:
                              "options of torch.compile (Inductor), which an eager step has not")
 
     @property
-    def label(self) -> str:
-        """What the mode is, in words: "V9: compiled with PDL, CUDA graph by hand"."""
+    def words(self) -> str:
+        """What the mode does, in words: "compiled with PDL, CUDA graph by hand"."""
         how = "compiled" + (" with PDL" if self.pdl else "") if self.compiled else "eager"
         extras = (", tuned" if self.tune else "") + (", dynamic shapes" if self.dynamic else "")
         graph = {NO_GRAPH: "", BY_HAND: ", CUDA graph by hand",
                  TREES: ", cudagraph trees (reduce-overhead)"}[self.graph]
-        return f"{self.name}: {how}{extras}{graph}"
+        return f"{how}{extras}{graph}"
 
     def compile_options(self) -> dict:
         """The Inductor options the step is compiled with.
@@ -79,13 +80,15 @@ class Mode:
                 "triton.cudagraphs": self.graph == TREES}
 
 
-V4 = Mode("V4")  # the static step, one eager kernel launch per op
-V5 = Mode("V5", graph=BY_HAND)  # the eager step's kernels captured by hand, replayed
-V6 = Mode("V6", compiled=True)  # fused by Inductor, launched kernel by kernel
-V7 = Mode("V7", compiled=True, graph=BY_HAND)  # V6 captured by hand
-V8 = Mode("V8", compiled=True, graph=TREES)  # torch.compile mode="reduce-overhead"
-V9 = Mode("V9", compiled=True, graph=BY_HAND, pdl=True)  # V7 with PDL
-MODES = (V4, V5, V6, V7, V8, V9)
+# The book's modes (its short labels for them, V4 ... V9: gpuinfer.report.labels)
+EAGER = Mode("eager")  # the static step, one eager kernel launch per op
+EAGER_GRAPH = Mode("eager_graph", graph=BY_HAND)  # EAGER's kernels captured, replayed
+COMPILED = Mode("compiled", compiled=True)  # fused by Inductor, launched one by one
+COMPILED_GRAPH = Mode("compiled_graph", compiled=True, graph=BY_HAND)  # captured by hand
+COMPILED_TREES = Mode("compiled_trees", compiled=True, graph=TREES)  # "reduce-overhead"
+COMPILED_GRAPH_PDL = Mode("compiled_graph_pdl", compiled=True, graph=BY_HAND, pdl=True)
+MODES = (EAGER, EAGER_GRAPH, COMPILED, COMPILED_GRAPH, COMPILED_TREES,
+         COMPILED_GRAPH_PDL)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,8 +108,9 @@ def runner(decoder: Decoder, mode: Mode) -> Callable[[], object]:
     book's interface runs uncompiled modes (a Triton decoder's step is its own kernels:
     there is nothing for torch.compile to fuse); compiled modes need a StaticDecoder."""
     if mode.compiled and not isinstance(decoder, StaticDecoder):
-        raise ValueError(f"{mode.label}: torch.compile runs a StaticDecoder's step; a "
-                         f"{type(decoder).__name__} runs V4 (eager) or V5 (graphed)")
+        raise ValueError(f"{mode.name} ({mode.words}): torch.compile runs a StaticDecoder's "
+                         f"step; a {type(decoder).__name__} runs {EAGER.name} or "
+                         f"{EAGER_GRAPH.name} (graphed)")
     built = _kept_on(decoder, "_gpuinfer_runners")
     key = dataclasses.astuple(dataclasses.replace(mode, name=""))
     if key not in built:
@@ -133,8 +137,8 @@ def compiled(fn, mode: Mode, dynamic: bool | None = False):
 
 def _compiled(decoder: StaticDecoder, mode: Mode, built: dict):
     """device_step compiled with the mode's options; shared by the modes that differ only in
-    a graph captured by hand around it (V7 captures V6's compiled step). A dynamic mode
-    shares one compiled function between the decoders of every batch size."""
+    a graph captured by hand around it (COMPILED_GRAPH captures COMPILED's step). A dynamic
+    mode shares one compiled function between the decoders of every batch size."""
     key = ("compiled", *sorted(mode.compile_options().items()))
     if mode.dynamic:
         if key not in _shared:
@@ -158,7 +162,7 @@ def _compiled(decoder: StaticDecoder, mode: Mode, built: dict):
 
 
 def generate(decoder: Decoder, prompt_ids: torch.Tensor, new_tokens: int,
-             mode: Mode = V4) -> torch.Tensor:
+             mode: Mode = EAGER) -> torch.Tensor:
     """`new_tokens` greedy tokens after the prompt, each step run `mode`: an int64 CPU
     tensor (batch, new_tokens)."""
     check_prompt(decoder, prompt_ids, new_tokens)  # before anything is compiled
@@ -218,7 +222,7 @@ def decode_fn(mode: Mode, *, attention: str = "matmul"):
     return decode
 
 
-VARIANTS = {mode.label: decode_fn(mode) for mode in MODES}  # Chapter 3's, by label
+DECODE_FN_BY_MODE = {mode.name: decode_fn(mode) for mode in MODES}  # by Mode.name
 
 
 @contextlib.contextmanager

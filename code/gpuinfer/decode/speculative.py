@@ -32,13 +32,13 @@ from typing import Callable
 import torch
 
 from gpuinfer.decode.interface import check_prompt, check_step, graphed_step
-from gpuinfer.decode.runners import BY_HAND, TREES, V4, Mode, compiled
+from gpuinfer.decode.runners import BY_HAND, EAGER, TREES, Mode, compiled
 from gpuinfer.decode.static import StaticDecoder
+from gpuinfer.decode.triton_step import MAX_QUERY
 from gpuinfer.kernels.common import compile_ahead
 from gpuinfer.measure.timing import capture_graph
 
 REFRESH = (-1, 0)  # the draft's first step of a pass: slots pos - 1 and pos
-MAX_QUERY = 17  # the most tokens a verify pass takes: up to k = 16 proposals
 
 
 def share_sequence(draft: StaticDecoder, target: StaticDecoder) -> None:
@@ -85,7 +85,7 @@ class Verifier:
     graph is the pass's business, `Speculative.one_pass`), compiled once for most numbers
     of query tokens, not once for each: the shapes that depend on it stay symbolic."""
 
-    def __init__(self, target: StaticDecoder, *, mode: Mode = V4):
+    def __init__(self, target: StaticDecoder, *, mode: Mode = EAGER):
         self.target = target
         self.offsets = torch.arange(MAX_QUERY, device=target.pos.device)
         self.compiled = mode.compiled
@@ -139,10 +139,11 @@ class Speculative:
     decoder of the book's interface (`decode.interface`): its `decode_step` is one pass,
     and it shares the target's `tokens` and `pos`."""
 
-    def __init__(self, target, draft, *, k: int = 4, mode: Mode = V4):
+    def __init__(self, target, draft, *, k: int = 4, mode: Mode = EAGER):
         if mode.graph == TREES:
-            raise ValueError(f"{mode.label}: a pass is captured by hand (graph={BY_HAND!r}) "
-                             "or not at all; cudagraph trees would capture its parts apart")
+            raise ValueError(f"{mode.name} ({mode.words}): a pass is captured by hand "
+                             f"(graph={BY_HAND!r}) or not at all; cudagraph trees would "
+                             "capture its parts apart")
         self.kernels = on_kernels(target, draft)
         share_sequence(draft, target)
         self.target, self.draft, self.k, self.mode = target, draft, k, mode

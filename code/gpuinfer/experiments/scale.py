@@ -31,6 +31,7 @@ from gpuinfer.measure.steps import annotate
 from gpuinfer.measure.timing import Timing, wall_seconds
 from gpuinfer.model.configs import random_prompt
 from gpuinfer.model.cost import ModelShape, step_cost
+from gpuinfer.report.labels import mode_label
 
 if TYPE_CHECKING:  # imported where it runs: it starts processes
     from gpuinfer.measure.stock import StockBaselines
@@ -41,8 +42,9 @@ if TYPE_CHECKING:  # imported where it runs: it starts processes
 ATTENTION = "sdpa"
 # Chapter 3's ways of running the step, and the fastest of them compiled once for every
 # batch size of the batch sweep.
-MODES = (runners.V4, runners.V5, runners.V9, runners.V8)
-SWEEP_MODE = dataclasses.replace(runners.V9, dynamic=True)
+MODES = (runners.EAGER, runners.EAGER_GRAPH, runners.COMPILED_GRAPH_PDL,
+         runners.COMPILED_TREES)
+SWEEP_MODE = dataclasses.replace(runners.COMPILED_GRAPH_PDL, dynamic=True)
 
 
 # ------------------------------------------------------------------------------------------
@@ -98,11 +100,12 @@ def first_call(name: str, generate: GenerateFn, prompt_ids: torch.Tensor, new_to
 
 def stock_baselines(config_name: str, warmups: dict[str, int], **kwargs
                     ) -> StockBaselines:
-    """`stock_fresh` for each variant of `warmups` (a key of `gpuinfer.measure.stock`'s
-    VARIANTS), each with its own number of warm-up generations after the first call, in
-    that order; the other arguments are stock_fresh's. generate() with its dynamic cache
-    compiles nothing, so its first call leaves little to warm; with the static cache it
-    compiles on its first decode step and may recompile once."""
+    """`stock_fresh` for each variant of `warmups` (a key of
+    `gpuinfer.measure.stock.STOCK_VARIANTS`), each with its own number of warm-up
+    generations after the first call, in that order; the other arguments are
+    stock_fresh's. generate() with its dynamic cache compiles nothing, so its first call
+    leaves little to warm; with the static cache it compiles on its first decode step and
+    may recompile once."""
     from gpuinfer.measure.stock import stock_fresh
 
     each = [stock_fresh(config_name, variants=(variant,), warmup=warmup, **kwargs)
@@ -134,7 +137,7 @@ class BatchPoint:
     step: Timing
     cost: rl.Workload
     compiled: int = 0  # graphs torch.compile compiled for this batch (0: reused, or eager)
-    mode: str = ""  # the label of the mode the step ran in
+    mode: str = ""  # the book's label of the mode the step ran in (report.labels)
     capacity: int = 0  # the slots of the decoder's cache, all read by the attention
 
     @property
@@ -209,7 +212,7 @@ def batch_sweep(model: LlamaForCausalLM, batches: list[int], *, prompt_len: int,
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         cost = step_cost(shape, batch=batch, context=context, itemsize=itemsize)
-        points.append(BatchPoint(batch, timing, cost, compiled, how.label, slots))
+        points.append(BatchPoint(batch, timing, cost, compiled, mode_label(how), slots))
     return points, note
 
 

@@ -178,9 +178,9 @@ def _decoder(model, n: int, group, capacity: int):
 
 
 def step_mode() -> runners.Mode:
-    """How each rank runs its step: Chapter 3's V9 (compiled with PDL, captured by hand)
-    on a GPU; eager on a CPU, where the tests and smoke mode run it."""
-    return runners.V9 if torch.cuda.is_available() else runners.V4
+    """How each rank runs its step: Chapter 3's fastest, COMPILED_GRAPH_PDL (compiled with
+    PDL, captured by hand) on a GPU; eager on a CPU, where the tests and smoke mode run it."""
+    return runners.COMPILED_GRAPH_PDL if torch.cuda.is_available() else runners.EAGER
 
 
 def tokens_by_ranks(config: LlamaConfig, sizes: list[int], *, prompt_len: int,

@@ -48,7 +48,7 @@ from gpuinfer.decode.loops import BASELINES
 from gpuinfer.measure.timing import Comparison, Rounds, Timing
 
 # The variants, by short name, with the labels the chapters' tables use.
-VARIANTS = {
+STOCK_VARIANTS = {
     "dynamic": list(BASELINES)[0],
     "static": list(BASELINES)[1],
     "docs": "generate(), static cache + the docs' torch.compile recipe",
@@ -66,7 +66,7 @@ class StockRun:
     `decode_ms` per decode token (prefill excluded), `prefill_ms` of a one-token generation,
     `whole_ms` of the whole generation (t_N). Empty where the variant failed (`error`)."""
 
-    variant: str  # a key of VARIANTS
+    variant: str  # a key of STOCK_VARIANTS
     decode_ms: tuple[float, ...] = ()
     prefill_ms: tuple[float, ...] = ()
     whole_ms: tuple[float, ...] = ()
@@ -87,7 +87,7 @@ class StockRun:
 
     @property
     def label(self) -> str:
-        return VARIANTS[self.variant]
+        return STOCK_VARIANTS[self.variant]
 
     @property
     def ok(self) -> bool:
@@ -223,17 +223,17 @@ def stock_fresh(config_name: str, *, dtype: torch.dtype | str = torch.bfloat16,
                 warmup: int = 3, seed: int = 0, prompt_seed: int = 1,
                 device: torch.device | str | None = None, attn_implementation: str = "sdpa",
                 overrides: dict | None = None, timeout: float = 600) -> StockBaselines:
-    """Time each of `variants` (keys of VARIANTS) in a fresh process of its own, on the
+    """Time each of `variants` (keys of STOCK_VARIANTS) in a fresh process of its own, on the
     model `build_model(model_config(config_name, **overrides), seed=seed, dtype=dtype)` and
     the prompt `random_prompt(config, prompt_len, seed=prompt_seed)`: a first generation,
     `warmup` more (each a whole and a one-token one: generate(static) compiles on its first
     decode step and may recompile once), then `rounds` interleaved rounds."""
     from gpuinfer.model.configs import CONFIGS
 
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v not in STOCK_VARIANTS]
     if unknown or not variants:
         raise ValueError(f"unknown stock variant(s) {unknown}; choose from "
-                         f"{list(VARIANTS)}")
+                         f"{list(STOCK_VARIANTS)}")
     if config_name not in CONFIGS:
         raise ValueError(f"unknown model config {config_name!r}; one of "
                          f"{', '.join(CONFIGS)}")

@@ -15,7 +15,7 @@ package code they run. It depends on:
 What is reached, starting from the names the cells use:
 
 - a name or attribute chain (`benchmark`, `ceilings.copy_bandwidth`, `rl.lookup_spec`,
-  `Mode.V9`, `gpuinfer.measure.timing.benchmark`) is resolved through the imports that
+  `runners.EAGER`, `gpuinfer.measure.timing.benchmark`) is resolved through the imports that
   bind it, re-exports followed (`from gpuinfer.a import f` in module b: b's `f` is a.py's),
   to the unit that defines it; attributes past a function or class stop there. A name
   only imported, never used, reaches no definition;
@@ -25,7 +25,7 @@ What is reached, starting from the names the cells use:
 - inside a reached unit, every name it uses is followed in its own module's namespace (its
   module's functions and classes, the module's imports, imports made in the body), and
   so are base classes, decorators and default values; the names a reached module's
-  statements use too (`MODES = {"V4": run_v4}` reaches `run_v4`). Annotations do not run
+  statements use too (`MODES = {"eager": run_eager}` reaches `run_eager`). Annotations do not run
   and are not followed (the unit's hash still covers them). A name is looked up at module
   level even where a local variable shadows it: more is reached, never less;
 - a name looked up by string (`importlib.import_module`, `__import__`, `sys.modules`,

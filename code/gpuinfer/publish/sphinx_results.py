@@ -37,6 +37,7 @@ from gpuinfer.publish.sphinx_provenance import note_dependencies
 from gpuinfer.publish.tables import table
 from gpuinfer.publish.titles import chapter_title
 from gpuinfer.report import results
+from gpuinfer.report.labels import is_naive_loop
 
 logger = logging.getLogger(__name__)
 HEADER = ["variant", "decode ms / token", "tokens / s", "prefill ms", "GB/s",
@@ -179,7 +180,7 @@ def speed_up(row: results.Result, first: results.Result) -> str:
     the first row is its naive loop or its stock baseline, else the ratio of medians."""
     if row is first:
         return "1×"
-    if first.variant.startswith("V0") and row.x_v0 is not None:
+    if is_naive_loop(first.variant) and row.x_v0 is not None:
         return results.with_spread(row.x_v0, row.x_v0_range, "×")
     if first.stock and row.x_generate_static is not None:
         return results.with_spread(row.x_generate_static, row.x_generate_static_range, "×")

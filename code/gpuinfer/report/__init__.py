@@ -1,1 +1,2 @@
-"""Reading measurements: traces, kernel tables, plots and the results table."""
+"""Reading measurements: traces, kernel tables, plots, the results table and the book's short
+labels."""

@@ -26,7 +26,7 @@ GLUE_NAME = "decode_results"
 class Result:
     """A decode variant, measured end to end."""
 
-    variant: str  # its name in the chapter, e.g. "V9"
+    variant: str  # its name in the chapter, a short label of report.labels
     model: str  # e.g. "small Llama, FP32"
     ms_per_token: float  # decode only: the prefill is not in it (see prefill_ms)
     # what a step must move (weights and KV cache), from the accounting; None where a pass
