@@ -244,3 +244,22 @@ def test_compiled_teacher_forcing_matches_the_eager_step(workload):
                                      step_logits=step_logits)
     agreement = compare_logits(eager, compiled)
     assert agreement.top1 == 1.0 and agreement.rel < 1e-4
+
+
+def test_a_runner_build_that_raises_leaves_both_positions_in_step(workload, monkeypatch):
+    """runner_before_prefill resets the device's position; the host's count goes with it,
+    so a build that raises (a failed capture, say) cannot leave them apart."""
+    model, prompt, reference = workload
+    decoder = sd.StaticDecoder(model, 1, 64)
+    runners.generate(decoder, prompt, 5)
+    assert decoder.host_pos == int(decoder.pos) > 0
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("capture failed")
+
+    monkeypatch.setattr(runners, "runner", failing)
+    with pytest.raises(RuntimeError, match="capture failed"):
+        runners.runner_before_prefill(decoder, runners.EAGER)
+    assert int(decoder.pos) == 0 and decoder.host_pos is None
+    with pytest.raises(Exception, match="prefill"):  # no prompt: refused, not a wrong step
+        decoder.decode_step()

@@ -175,7 +175,10 @@ def generate(decoder: Decoder, prompt_ids: torch.Tensor, new_tokens: int,
 def runner_before_prefill(decoder: Decoder, mode: Mode) -> Callable[[], object]:
     """`runner(decoder, mode)` for a caller that prefills next: the position is reset
     first, so that building it (a capture runs the step) finds room in the cache
-    whatever the last generation left; the state it holds is about to be replaced."""
+    whatever the last generation left; the state it holds is about to be replaced, and
+    the host's count of it goes with it (`host_pos` None: no prompt, until the prefill),
+    so that a build that raises leaves the two positions in step."""
+    decoder.host_pos = None
     decoder.pos.zero_()
     return runner(decoder, mode)
 
