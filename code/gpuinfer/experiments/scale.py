@@ -24,9 +24,10 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import LlamaForCausalLM
 
+from gpuinfer import roofline as rl
 from gpuinfer.decode import runners
 from gpuinfer.decode.static import StaticDecoder, capacity_for
-from gpuinfer.measure import profiling, roofline as rl
+from gpuinfer.measure import profiling
 from gpuinfer.measure.steps import annotate
 from gpuinfer.measure.timing import Timing, wall_seconds
 from gpuinfer.model.configs import random_prompt

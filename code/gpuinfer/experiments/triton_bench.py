@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from gpuinfer.kernels.attention import AttentionWorkspace, decode_attention
 from gpuinfer.kernels.common import Workspace, compile_ahead
 from gpuinfer.kernels.gemv import GemvConfig, gemv
-from gpuinfer.kernels.quant import Int8Matrix
+from gpuinfer.model.quant import Int8Matrix
 from gpuinfer.kernels.tiling import PAIRED
 from gpuinfer.model.llama import AS_STORED, WeightFormat
 from gpuinfer.measure.timing import benchmark, benchmark_graph, fresh_inputs, graphed
@@ -287,7 +287,8 @@ def steps_trace(trace: dict, steps: int = 3) -> dict:
     step's range, the CUDA calls made in it, the GPU work they launched, every event's
     arguments cut to its correlation id. Tens of kilobytes, where the whole trace is
     hundreds: small enough to keep for a chapter's presentation cells."""
-    from gpuinfer.report.trace import Ranges, step_work
+    from gpuinfer.measure.trace_events import Ranges
+    from gpuinfer.report.trace import step_work
 
     work = step_work(trace)
     kept = work.steps[:steps]

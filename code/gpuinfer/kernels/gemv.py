@@ -16,7 +16,7 @@ columns; what matters is how many programs stream at once and how soon each star
 - Fusions: RMSNorm in the prologue (each program recomputes the sum of squares of x,
   2048 elements from L2), a residual add in the epilogue, and SiLU(gate) * up for the
   stacked gate/up matrix, whose paired rows each program computes together.
-- Weights may be int8 with a scale per row (`gpuinfer.kernels.quant`): the tile is
+- Weights may be int8 with a scale per row (`gpuinfer.model.quant`): the tile is
   loaded as int8, widened in registers (`tile.widen`, without a conversion
   instruction), and each row's sum multiplied by its scale.
 - A pass: x of T rows (a verify pass's tokens), each multiplied by the tile while it
@@ -35,7 +35,7 @@ from gpuinfer.model.llama import rms_norm
 from gpuinfer.kernels.common import (Workspace, check_pow2, launch_options, pdl_wait,
                                      round_to, split_k_sum)
 from gpuinfer.kernels.tile import prefetch, rows_dots
-from gpuinfer.kernels.quant import Int8Matrix, matvec_fp32, unpack
+from gpuinfer.model.quant import Int8Matrix, matvec_fp32, unpack
 
 INT8_WIDEN = ("bits", "convert")  # how `gemv` widens int8 weights (`widen`)
 

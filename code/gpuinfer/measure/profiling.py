@@ -24,8 +24,8 @@ import torch
 
 from gpuinfer.env import sync
 from gpuinfer.measure.steps import STEP, decode_steps
-from gpuinfer.report.trace import (API_CATS, GPU_CATS, Ranges, events, is_launch,
-                                   step_events, top_level_ops)
+from gpuinfer.measure.trace_events import (API_CATS, GPU_CATS, Ranges, events, is_launch,
+                                           step_events, top_level_ops)
 
 BODY = "profiled code"  # the range around the code a session() profiles
 

@@ -2,7 +2,7 @@
 
 Every decode loop of the book iterates over `decode_steps(range(...))`. While a profiler
 records, each step is a named range (`record_function("decode_step")`) in its trace, which
-is how `gpuinfer.report.trace` finds the steps. Inside `step_clock()`, each step boundary
+is how `gpuinfer.measure.trace_events` finds the steps. Inside `step_clock()`, each step boundary
 also records a timestamp: a CUDA event on the GPU (recording one does not synchronize, so
 the loop runs as it would without the clock), the host clock on a CPU.
 """

@@ -1,6 +1,6 @@
 """The site as a reader meets it: a Sphinx extension (listed in _config.yml).
 
-- `{gpu-spec-table}`: the datasheet table of gpuinfer.measure.roofline, rendered at build
+- `{gpu-spec-table}`: the datasheet table of gpuinfer.roofline, rendered at build
   time, so that the appendix cannot drift from the numbers the chapters use.
 - The theme's download menu (top right of a page) gets the files a chapter page links for
   download from its recording (the executed notebook, profiler traces), next to the source,
@@ -32,7 +32,7 @@ from pathlib import Path
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
-from gpuinfer.measure import roofline
+from gpuinfer import roofline
 from gpuinfer.publish import book
 from gpuinfer.publish.validation import read_provenance
 
@@ -78,7 +78,7 @@ def _fmt(value: float | None) -> str:
 
 
 class GPUSpecTable(SphinxDirective):
-    """The datasheet ceilings of gpuinfer.measure.roofline.GPU_SPECS, with the BF16 ridge
+    """The datasheet ceilings of gpuinfer.roofline.GPU_SPECS, with the BF16 ridge
     point."""
 
     def run(self):
