@@ -108,6 +108,18 @@ def test_handovers_between_the_kernels_of_a_step(trace):
     assert T.between_steps(trace, 1) == pytest.approx(225 - 182)
 
 
+def test_handovers_count_each_early_start_once():
+    """Three kernels start early, after two kinds of kernel ahead: the step's count and
+    the counts by kernel ahead are the same three starts, each counted once."""
+    k = lambda name, ts, dur: E.Event(name, "kernel", ts, dur)  # noqa: E731
+    work = [k("gemv_a", 0, 10), k("mul_b", 8, 4), k("gemv_a", 11, 10), k("mul_b", 20, 3),
+            k("gemv_a", 25, 5)]
+    h = T.handovers(work)
+    assert (h.kernels, h.overlapping, h.late) == (5, 3, 1)
+    assert h.overlapping == sum(early for _, early, _ in h.early_after)
+    assert h.early_after == (("gemv_a", 2, 2), ("mul_b", 1, 2))
+
+
 def test_gaps_and_union():
     assert E.gaps([(0, 2), (1, 3), (5, 6), (8, 9)]) == [(3, 5), (6, 8)]
     assert E.union_length([(0, 2), (1, 3), (5, 6)]) == 4

@@ -32,6 +32,7 @@ that fails otherwise (the model cannot be built, say) raises, its stderr passed 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -152,16 +153,20 @@ class StockBaselines:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "StockBaselines":
-        """The runs `save` wrote; ValueError naming the file if it is not such a file."""
+        """The runs `save` wrote, plain or gzipped (a `.gz` file: the record command keeps a
+        chapter's files so); ValueError naming the file if it is not such a file."""
         try:
-            data = json.loads(Path(path).read_text(encoding="utf8"))
+            raw = Path(path).read_bytes()
+            if Path(path).suffix == ".gz":
+                raw = gzip.decompress(raw)
+            data = json.loads(raw.decode("utf8"))
             runs = {}
             for name, run in data.pop("runs").items():
                 for key in ("decode_ms", "prefill_ms", "whole_ms", "tokens"):
                     run[key] = tuple(run[key])
                 runs[name] = StockRun(**run)
             return cls(runs, **data)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (OSError, EOFError, ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"{path} is not a saved stock measurement ({exc}): record "
                              f"the chapter that measures it again") from None
 

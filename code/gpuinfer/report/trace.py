@@ -82,15 +82,18 @@ def handovers(work: list[Event]) -> Handovers:
     pairs = list(zip(work, work[1:]))
     intervals = [(e.ts, e.end) for e in work]
     span = max(e.end for e in work) - work[0].ts if work else 0.0
+    # each hand-over read once: the early starts are counted here, and the step's total
+    # is their sum, so the two can never disagree
     after: dict[str, list[int]] = {}  # kernel ahead: [early starts after it, hand-overs]
+    late = 0
     for a, b in pairs:
         counts = after.setdefault(kernel_name(a.name), [0, 0])
         counts[0] += b.ts < a.end
         counts[1] += 1
+        late += b.ts > a.end
     early_after = sorted(((name, early, n) for name, (early, n) in after.items() if early),
                          key=lambda t: (-t[1], t[0]))
-    return Handovers(len(work), sum(b.ts < a.end for a, b in pairs),
-                     sum(b.ts > a.end for a, b in pairs),
+    return Handovers(len(work), sum(early for _, early, _ in early_after), late,
                      sum(b - a for a, b in gaps(intervals)), span, tuple(early_after))
 
 
