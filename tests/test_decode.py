@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from gpuinfer.decode import loops as decode
+from gpuinfer.measure.rounds import split_rounds
 from gpuinfer.measure import steps
 from gpuinfer.model.configs import build_model, model_config, random_prompt
 
@@ -88,7 +89,7 @@ def test_split_rounds_splits_each_generation(model, prompt):
            for name, fn in [("V0", decode.decode_naive), ("V2", decode.decode_no_sync)]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the host clock's warning on a CPU
-        split = decode.split_rounds(fns, 5, rounds=2, warmup=1)
+        split = split_rounds(fns, 5, rounds=2, warmup=1)
     for name in fns:
         assert split.decode.rounds == split.prefill.rounds == split.whole.rounds == 2
         for r in range(2):
@@ -99,7 +100,7 @@ def test_split_rounds_splits_each_generation(model, prompt):
     assert len(split.steps_ms["V0"][0]) == 5 and len(split.steps_ms["V2"][0]) == 4
     assert not steps.clock_running()
     with pytest.raises(ValueError):
-        decode.split_rounds(fns, 1, rounds=1)
+        split_rounds(fns, 1, rounds=1)
 
 
 def test_stock_generate_gives_the_reference_tokens(model, prompt, reference):

@@ -10,7 +10,8 @@ import torch
 from IPython.display import Markdown
 from myst_nb import glue
 
-from gpuinfer.measure.timing import Comparison, Rounds, Timing
+from gpuinfer.measure.timing import Timing
+from gpuinfer.measure.rounds import Comparison, Rounds
 from gpuinfer.publish import kept
 from gpuinfer.report.results import Result
 

@@ -26,7 +26,7 @@ if not torch.cuda.is_available():
 from gpuinfer.kernels import embed_head as am  # noqa: E402
 from gpuinfer.kernels import attention as at  # noqa: E402
 from gpuinfer.kernels import common  # noqa: E402
-from gpuinfer.kernels import quant  # noqa: E402
+from gpuinfer.model import quant  # noqa: E402
 from gpuinfer.kernels import qkv_rope as rotary  # noqa: E402
 from gpuinfer.kernels.gemv import GemvConfig, gemv, gemv_reference  # noqa: E402
 from gpuinfer.kernels.gemv import gemv_silu, gemv_silu_reference, tokens_of  # noqa: E402

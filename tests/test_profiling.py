@@ -9,7 +9,8 @@ import torch
 from gpuinfer.decode.loops import decode_no_sync
 from gpuinfer.measure import profiling as P
 from gpuinfer.model.configs import build_model, model_config, random_prompt
-from gpuinfer.report.trace import step_events, step_stats
+from gpuinfer.measure.trace_events import step_events
+from gpuinfer.report.trace import step_stats
 from gpuinfer.report.trace_tables import top_ops
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decode_trace.json"

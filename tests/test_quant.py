@@ -1,9 +1,9 @@
-"""kernels.quant: symmetric per-row int8, on the CPU (no kernel runs here)."""
+"""model.quant: symmetric per-row int8, on the CPU (no kernel runs here)."""
 
 import pytest
 import torch
 
-from gpuinfer.kernels.quant import INT8_MAX, Int8Matrix, matvec_fp32, quantize_int8
+from gpuinfer.model.quant import INT8_MAX, Int8Matrix, matvec_fp32, quantize_int8
 from gpuinfer.model.llama import linear
 
 

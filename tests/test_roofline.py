@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from gpuinfer.measure import roofline as rl
+from gpuinfer import roofline as rl
 
 
 def test_elementwise_intensity():

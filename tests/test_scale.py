@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from gpuinfer.decode import runners
-from gpuinfer.decode.loops import decode_naive, generate_new_tokens
+from gpuinfer.decode.loops import decode_naive
+from gpuinfer.model.stock_generate import generate_new_tokens
 from gpuinfer.experiments import scale as sc
-from gpuinfer.measure.timing import decode_rounds
+from gpuinfer.measure.rounds import decode_rounds
 from gpuinfer.model.configs import build_model, model_config, random_prompt
 from gpuinfer.model.cost import ModelShape, step_cost
 

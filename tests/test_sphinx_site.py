@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("sphinx.addnodes")  # the GPU machine runs the GPU tests without Sphinx
 
-from gpuinfer.measure import roofline  # noqa: E402
+from gpuinfer import roofline  # noqa: E402
 from gpuinfer.publish import book, recordings  # noqa: E402
 from gpuinfer.publish.sphinx_downloads import add_download_buttons  # noqa: E402
 

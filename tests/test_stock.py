@@ -119,6 +119,20 @@ def test_saved_baselines_load_as_they_were(baselines, tmp_path):
         st.StockBaselines.load(path)
 
 
+def test_gzipped_baselines_load_as_the_plain_ones(baselines, tmp_path):
+    """The record command keeps a chapter's files gzipped: `load` reads them as they are."""
+    import gzip
+
+    plain = baselines.save(tmp_path)
+    packed = plain.with_name(plain.name + ".gz")
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert st.StockBaselines.load(packed) == baselines
+    for broken in (b"not gzip", gzip.compress(plain.read_bytes())[:-12]):
+        packed.write_bytes(broken)
+        with pytest.raises(ValueError, match="stock-toy-float32.json.gz is not a saved"):
+            st.StockBaselines.load(packed)
+
+
 def test_each_process_compiles_into_empty_caches_of_its_own(monkeypatch):
     seen = []
 

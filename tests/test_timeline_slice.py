@@ -9,6 +9,7 @@ import pytest
 
 from gpuinfer.measure.profiling import load_trace
 from gpuinfer.publish.kept import decode, encode
+from gpuinfer.measure import trace_events as E
 from gpuinfer.report import trace as T
 from gpuinfer.report import traceplot
 from gpuinfer.report.timeline_slice import TimelineSlice
@@ -25,9 +26,9 @@ def traces():
 
 def lanes(trace, steps):
     """What plot_timeline draws in each lane, in µs from its window's start."""
-    ranges = T.step_events(trace)[:steps]
+    ranges = E.step_events(trace)[:steps]
     t0 = ranges[0].ts
-    ends = [e.end for e in T.events(trace, T.GPU_CATS) if e.ts < ranges[-1].end]
+    ends = [e.end for e in E.events(trace, E.GPU_CATS) if e.ts < ranges[-1].end]
     t1 = max([ranges[-1].end] + ends)
     drawn = traceplot._lane_slices(trace, t0, t1, T.STEP)
     return {lane: [(e.name, e.cat, e.ts - t0, e.dur, e.tid, e.correlation) for e in events]

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gpuinfer.measure import timing
-from gpuinfer.measure.timing import (HostClockWarning, Rounds, Timing, benchmark,
-                                     decode_rounds, interleaved_rounds)
+from gpuinfer.measure.timing import HostClockWarning, Timing, benchmark
+from gpuinfer.measure.rounds import Rounds, decode_rounds, interleaved_rounds, time_call
 
 
 def test_wall_seconds_returns_the_result_and_its_time():
@@ -163,7 +163,7 @@ def test_time_call_and_graphed_without_cuda():
         pytest.skip("the CPU path")
     calls = []
     fn = timing.graphed(lambda: calls.append(1), keep=None)
-    assert timing.time_call(fn) >= 0 and calls == [1]
+    assert time_call(fn) >= 0 and calls == [1]
 
 
 @pytest.mark.gpu

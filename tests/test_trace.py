@@ -31,6 +31,7 @@ import pytest
 
 from gpuinfer.measure.profiling import load_trace
 from gpuinfer.report import kernel_names as KN
+from gpuinfer.measure import trace_events as E
 from gpuinfer.report import trace as T
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decode_trace.json"
@@ -69,7 +70,7 @@ def test_gpu_span_of_steps_queued_ahead(trace):
     # fraction stay, and the host had queued every step before the GPU began.
     shifted = 0
     for e in trace["traceEvents"]:
-        if e.get("cat") in T.GPU_CATS and 130 <= float(e["ts"]) < 300:
+        if e.get("cat") in E.GPU_CATS and 130 <= float(e["ts"]) < 300:
             e["ts"] = float(e["ts"]) + 1000
             shifted += 1
     assert shifted == 6
@@ -107,10 +108,22 @@ def test_handovers_between_the_kernels_of_a_step(trace):
     assert T.between_steps(trace, 1) == pytest.approx(225 - 182)
 
 
+def test_handovers_count_each_early_start_once():
+    """Three kernels start early, after two kinds of kernel ahead: the step's count and
+    the counts by kernel ahead are the same three starts, each counted once."""
+    k = lambda name, ts, dur: E.Event(name, "kernel", ts, dur)  # noqa: E731
+    work = [k("gemv_a", 0, 10), k("mul_b", 8, 4), k("gemv_a", 11, 10), k("mul_b", 20, 3),
+            k("gemv_a", 25, 5)]
+    h = T.handovers(work)
+    assert (h.kernels, h.overlapping, h.late) == (5, 3, 1)
+    assert h.overlapping == sum(early for _, early, _ in h.early_after)
+    assert h.early_after == (("gemv_a", 2, 2), ("mul_b", 1, 2))
+
+
 def test_gaps_and_union():
-    assert T.gaps([(0, 2), (1, 3), (5, 6), (8, 9)]) == [(3, 5), (6, 8)]
-    assert T.union_length([(0, 2), (1, 3), (5, 6)]) == 4
-    assert T.union_length([]) == 0 and T.gaps([]) == []
+    assert E.gaps([(0, 2), (1, 3), (5, 6), (8, 9)]) == [(3, 5), (6, 8)]
+    assert E.union_length([(0, 2), (1, 3), (5, 6)]) == 4
+    assert E.union_length([]) == 0 and E.gaps([]) == []
 
 
 @pytest.mark.parametrize("raw, short, kind, origin", [

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuinfer.measure.profiling import load_trace
+from gpuinfer.measure import trace_events as E
 from gpuinfer.report import trace as T
 from gpuinfer.report.kernel_names import kind_of
 from gpuinfer.report.trace_figures import NAME_CHARS, figure_trace, short_name
@@ -21,23 +22,23 @@ def trace():
 
 def test_the_first_steps_read_as_in_the_whole_trace(trace):
     whole = figure_trace(trace, 2)
-    assert len(T.step_events(whole)) == 2
+    assert len(E.step_events(whole)) == 2
     for step in (1, 2):  # times relative to the first step's start (100 us)
         assert [(e.name, e.ts + 100, e.dur) for e in T.step_kernels(whole, step)] == \
             [(e.name, e.ts, e.dur) for e in T.step_kernels(trace, step)]
         assert T.handovers(T.step_kernels(whole, step)) == \
             T.handovers(T.step_kernels(trace, step))
-    assert [e.name for e in T.top_level_ops(whole)] == \
-        [e.name for e in T.top_level_ops(trace) if 100 <= e.ts < 280]
+    assert [e.name for e in E.top_level_ops(whole)] == \
+        [e.name for e in E.top_level_ops(trace) if 100 <= e.ts < 280]
     # the prefill's add kernel (90..110) still runs in the window: kept; the work after
     # the steps is not
-    gpu = [e.ts + 100 for e in T.events(whole, T.GPU_CATS)]
+    gpu = [e.ts + 100 for e in E.events(whole, E.GPU_CATS)]
     assert 90 in gpu and max(gpu) < 300
 
 
 def test_one_step_keeps_what_overlaps_it(trace):
     one = figure_trace(trace, 1)
-    assert len(T.step_events(one)) == 1
+    assert len(E.step_events(one)) == 1
     assert [e.name for e in T.step_kernels(one, 1)] == \
         [e.name for e in T.step_kernels(trace, 1)]
     with pytest.raises(ValueError, match="no_such_step"):

@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gpuinfer.measure.timing import capture_graph, interleaved_rounds
+from gpuinfer.measure.timing import capture_graph
+from gpuinfer.measure.rounds import interleaved_rounds
 
 STAGES = 80
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / ".probe"))
 
 from gpuinfer.decode.static import capacity_for  # noqa: E402
 from gpuinfer.decode.triton_step import TritonDecoder  # noqa: E402
-from gpuinfer.measure.timing import interleaved_rounds  # noqa: E402
+from gpuinfer.measure.rounds import interleaved_rounds  # noqa: E402
 from gpuinfer.model.configs import build_model, model_config, random_prompt  # noqa: E402
 from gpuinfer_old.decode.triton_step import TritonDecoder as OldDecoder  # noqa: E402
 

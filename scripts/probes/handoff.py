@@ -9,7 +9,8 @@ import triton
 import triton.language as tl
 
 from gpuinfer.kernels.common import launch_options, pdl_wait
-from gpuinfer.measure.timing import capture_graph, interleaved_rounds
+from gpuinfer.measure.timing import capture_graph
+from gpuinfer.measure.rounds import interleaved_rounds
 
 N = 80  # kernels in a chain, about a step's
 

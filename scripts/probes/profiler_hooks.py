@@ -18,6 +18,7 @@ import torch
 from gpuinfer.decode import loops as dec
 from gpuinfer.measure.launch import launch_us
 from gpuinfer.measure.profiling import profile_decode
+from gpuinfer.measure.rounds import split_rounds
 from gpuinfer.model.configs import build_model, model_config, random_prompt
 
 torch.set_float32_matmul_precision("highest")
@@ -31,7 +32,7 @@ prompts = {n: random_prompt(config, n, device=dev) for n in (32, 4096)}
 def typical(name: str, length: int) -> str:
     """The typical decode step (ms): median of the rounds, and their range."""
     fn = functools.partial(dec.LOOPS[name], model, prompts[length], TOKENS)
-    t = dec.split_rounds({name: fn}, TOKENS, rounds=ROUNDS, warmup=1).typical[name]
+    t = split_rounds({name: fn}, TOKENS, rounds=ROUNDS, warmup=1).typical[name]
     return f"{t.median:7.3f} ms ({t.min:.3f}-{t.max:.3f})"
 
 

@@ -15,7 +15,7 @@ from gpuinfer.decode.triton_step import TritonDecoder
 from gpuinfer.kernels.common import compile_ahead
 from gpuinfer.kernels.gemv import GemvConfig
 from gpuinfer.kernels.tiling import pass_configs
-from gpuinfer.measure.timing import interleaved_rounds
+from gpuinfer.measure.rounds import interleaved_rounds
 from gpuinfer.model.configs import build_model, model_config
 
 TARGET = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16,

@@ -14,7 +14,7 @@ from gpuinfer.decode.triton_step import TritonDecoder
 from gpuinfer.experiments import triton_bench as tb
 from gpuinfer.kernels.gemv import GemvConfig as C
 from gpuinfer.measure.profiling import profile_steps
-from gpuinfer.measure.timing import interleaved_rounds
+from gpuinfer.measure.rounds import interleaved_rounds
 from gpuinfer.model.configs import build_model, model_config, random_prompt
 from gpuinfer.model.llama import INT8
 from gpuinfer.report.trace import step_stats

@@ -16,41 +16,30 @@ work and, in FP32, must produce exactly the same tokens.
   `LlamaForCausalLM.forward` (mask construction, rotary recomputation, output objects), with a
   preallocated KV buffer and a precomputed rotary table.
 - V3, the precision ablation, is the fastest of these run on `bf16_copy(model)`.
-- `decode_generate`, `decode_generate_static`: stock `transformers` `generate()`, greedy,
-  EOS ignored, with its default dynamic cache and with `cache_implementation="static"`:
-  the baselines a reader would pick.
+- `BASELINES`: stock `transformers` `generate()` (`gpuinfer.model.stock_generate`), with its
+  default dynamic cache and with `cache_implementation="static"`: the baselines a reader
+  would pick.
 
 Each loop iterates over `gpuinfer.measure.steps.decode_steps(...)`, which marks every decode step
-for the profiler and for `step_clock`. `split_rounds` uses those marks to time the loops in
-interleaved rounds with each generation split in two: its prefill, and its decode steps.
+for the profiler and for `step_clock`. `gpuinfer.measure.rounds.split_rounds` uses those marks
+to time the loops in interleaved rounds with each generation split in two: its prefill, and
+its decode steps.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
-import inspect
-import statistics
-from dataclasses import dataclass
-from typing import Callable, Hashable
+from typing import Callable
 
 import torch
 from transformers import DynamicCache, StaticCache
 
-from gpuinfer.measure import steps
-from gpuinfer.measure.steps import annotate, decode_steps, step_clock
-from gpuinfer.measure.timing import Rounds, interleaved_rounds
+from gpuinfer.measure.steps import annotate, decode_steps
 from gpuinfer.model.configs import head_dim
+from gpuinfer.model.stock_generate import (STOCK_LABELS, cache_kwarg, decode_generate,
+                                           decode_generate_static)
 
 DecodeFn = Callable[[torch.nn.Module, torch.Tensor, int], torch.Tensor]
-
-
-def cache_kwarg(module: torch.nn.Module) -> str:
-    """The KV-cache argument's name: `cache` in newer transformers (5.24), else `past_key_values`.
-
-    The old name still works in 5.24 but logs a deprecation warning."""
-    params = inspect.signature(module.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def _empty_result(prompt_ids: torch.Tensor) -> torch.Tensor:
@@ -238,29 +227,6 @@ def bf16_copy(model):
     return copy.deepcopy(model).to(torch.bfloat16)
 
 
-@torch.no_grad()
-def generate_new_tokens(model, prompt_ids: torch.Tensor, new_tokens: int,
-                        **kwargs) -> torch.Tensor:
-    """Stock `model.generate`, greedy, EOS ignored; the new tokens as an int64 CPU tensor."""
-    out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids),
-                         max_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
-                         pad_token_id=0, **kwargs)
-    new = out[:, prompt_ids.shape[1]:]
-    if new.shape[1] != new_tokens:
-        raise RuntimeError(f"generate() stopped after {new.shape[1]} of {new_tokens} tokens")
-    return new.cpu()
-
-
-def decode_generate(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Stock `generate()` with its default cache, which grows by one token per step."""
-    return generate_new_tokens(model, prompt_ids, new_tokens)
-
-
-def decode_generate_static(model, prompt_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Stock `generate()` with `cache_implementation="static"`, preallocated."""
-    return generate_new_tokens(model, prompt_ids, new_tokens, cache_implementation="static")
-
-
 LOOPS: dict[str, DecodeFn] = {  # Chapter 2's loops (their labels: gpuinfer.report.labels)
     "naive": decode_naive,
     "kv_cache": decode_kv_cache,
@@ -269,56 +235,6 @@ LOOPS: dict[str, DecodeFn] = {  # Chapter 2's loops (their labels: gpuinfer.repo
     "lean": decode_lean,
 }
 BASELINES: dict[str, DecodeFn] = {
-    "generate(), dynamic cache": decode_generate,
-    'generate(), cache_implementation="static"': decode_generate_static,
+    STOCK_LABELS["dynamic"]: decode_generate,
+    STOCK_LABELS["static"]: decode_generate_static,
 }
-
-
-# ------------------------------------------------------------------------------------------
-# Timing a generation in two parts: the prefill, and the decode steps after it
-# ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SplitRounds:
-    """Generations timed in interleaved rounds, each split at its step marks (`split_rounds`).
-    Every entry is per variant, one value per round, in milliseconds."""
-
-    whole: Rounds  # the whole call, prefill and final copy to the host included, per token
-    prefill: Rounds  # the call's start to the start of its last new_tokens - 1 steps
-    decode: Rounds  # those steps, per step: their mean (the prefill excluded)
-    typical: Rounds  # those steps' median: the typical step, slow outliers left out
-    steps_ms: dict[Hashable, tuple[tuple[float, ...], ...]]  # each round's step times
-
-
-def split_rounds(fns: dict[Hashable, Callable[[], object]], new_tokens: int, *,
-                 rounds: int = 5, warmup: int = 0) -> SplitRounds:
-    """Time each generation `fns[name]()` (of `new_tokens` tokens) in interleaved rounds,
-    and split every call at the step clock's marks: a timestamp at the call's start, then
-    one at every decode-step boundary (CUDA events, which cost no sync; the host clock on
-    a CPU). The last new_tokens - 1 steps are the decode part; everything before them is
-    the prefill and the first token (for V0, which has no prefill, its first step)."""
-    if new_tokens < 2:
-        raise ValueError(f"need at least 2 new tokens to have a decode step, got {new_tokens}")
-    clocks: dict[Hashable, list] = {name: [] for name in fns}
-
-    def clocked(name):
-        with step_clock() as clock:
-            clock.marks.append(steps._timestamp())  # the call's start
-            fns[name]()
-        clocks[name].append(clock)
-
-    whole = interleaved_rounds({name: functools.partial(clocked, name) for name in fns},
-                               rounds=rounds, warmup=warmup, per_call=new_tokens)
-    n = new_tokens - 1  # decode steps
-    prefill, decode, typical, steps_ms = {}, {}, {}, {}
-    for name, kept in clocks.items():
-        times = [clock.times_ms() for clock in kept[warmup:]]  # the warm-up rounds' first
-        if any(len(t) < n + 1 for t in times):
-            raise ValueError(f"{name}: fewer than {n} decode steps marked by decode_steps")
-        prefill[name] = tuple(sum(t[:-n]) for t in times)
-        decode[name] = tuple(sum(t[-n:]) / n for t in times)
-        typical[name] = tuple(statistics.median(t[-n:]) for t in times)
-        steps_ms[name] = tuple(tuple(t[1:]) for t in times)  # every marked step
-    return SplitRounds(whole, Rounds(prefill, whole.clock), Rounds(decode, whole.clock),
-                       Rounds(typical, whole.clock), steps_ms)

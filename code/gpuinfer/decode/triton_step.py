@@ -47,7 +47,7 @@ from gpuinfer.kernels.common import INTERPRETED, Workspace, compile_ahead, pdl_s
 from gpuinfer.kernels.embed_head import ArgmaxWorkspace, embed, lm_head_argmax
 from gpuinfer.kernels.gemv import GemvConfig, gemv, gemv_silu
 from gpuinfer.kernels.qkv_rope import qkv_rope
-from gpuinfer.kernels.quant import Int8Matrix, unpack
+from gpuinfer.model.quant import Int8Matrix, unpack
 from gpuinfer.kernels.tiling import GEMVS, PAIRED, default_attention, default_configs
 from gpuinfer.model.configs import load_llama
 from gpuinfer.model.llama import AS_STORED, KVCache, WeightFormat, forward, rotary_table, \

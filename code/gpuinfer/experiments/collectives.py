@@ -6,7 +6,7 @@ processes that `experiments.tensor_parallel.launch` starts (one a GPU; on CPUs, 
   that run on this machine;
 - `collective_sweep`: every method at every size, in interleaved rounds, each timed stretch
   a CUDA graph of back-to-back calls, timed the way every experiment of the chapter is
-  (`tensor_parallel._timed_rounds`: the shortest time of the ranks taking part).
+  (`tensor_parallel.timed_rounds`: the shortest time of the ranks taking part).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from gpuinfer.decode.tensor_parallel import all_reduce
-from gpuinfer.experiments.tensor_parallel import _device, _replays, _timed_rounds
-from gpuinfer.measure.timing import Rounds
+from gpuinfer.experiments.tensor_parallel import rank_device, replays, timed_rounds
+from gpuinfer.measure.rounds import Rounds
 
 
 @dataclass(frozen=True)
@@ -87,15 +87,15 @@ def collective_sweep(sizes: list[int], *, methods: Sequence[Method] | None = Non
     if gpu_only:
         raise ValueError(f"{', '.join(gpu_only)} runs on GPUs only, and there is no CUDA "
                          "device here: leave it out (methods_here() lists what runs)")
-    group, ranks, device = dist.group.WORLD, dist.get_world_size(), _device()
+    group, ranks, device = dist.group.WORLD, dist.get_world_size(), rank_device()
     calls_by_key = {}
     for method in methods:
         _check_sum(method, group, dtype)
         for nbytes in sizes:
             buffer = torch.randn(nbytes // dtype.itemsize, device=device).to(dtype)
-            calls_by_key[(method.name, nbytes)] = _replays(method.prepare(buffer, group),
+            calls_by_key[(method.name, nbytes)] = replays(method.prepare(buffer, group),
                                                            calls)
-    timed = _timed_rounds(calls_by_key, dict.fromkeys(calls_by_key, ranks), rounds,
+    timed = timed_rounds(calls_by_key, dict.fromkeys(calls_by_key, ranks), rounds,
                           dict.fromkeys(calls_by_key, calls))
     return CollectiveSweep(ranks, dist.get_backend(), timed)
 
@@ -105,7 +105,7 @@ def _check_sum(method: Method, group: dist.ProcessGroup, dtype: torch.dtype) -> 
     1 + 2 + ... + N (small integers, exact in any dtype). A timing of a wrong all-reduce
     would be a timing of nothing in particular."""
     ranks, rank = dist.get_world_size(group), dist.get_rank(group)
-    mine = torch.full((1024,), rank + 1.0, dtype=dtype, device=_device())
+    mine = torch.full((1024,), rank + 1.0, dtype=dtype, device=rank_device())
     got = method.prepare(mine, group)()
     expected = ranks * (ranks + 1) / 2
     if not torch.equal(got, torch.full_like(mine, expected)):

@@ -5,7 +5,7 @@ and the decode step walked along the roofline by batch size.
   `MODES`.
 - Measured side by side: any generate function of ours, first called on its own
   (`first_call`: its compile time, tokens, peak memory, or the error that stopped it), then
-  timed with the others in interleaved rounds (`timing.decode_rounds`); stock `generate()`
+  timed with the others in interleaved rounds (`rounds.decode_rounds`); stock `generate()`
   is timed in processes of its own (`stock_baselines`, on `gpuinfer.measure.stock`); a
   profile of a whole generation (`profile_generate`).
 - The batch roofline: `batch_sweep` times one step per batch size (the arithmetic of the
@@ -24,9 +24,10 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import LlamaForCausalLM
 
+from gpuinfer import roofline as rl
 from gpuinfer.decode import runners
 from gpuinfer.decode.static import StaticDecoder, capacity_for
-from gpuinfer.measure import profiling, roofline as rl
+from gpuinfer.measure import profiling
 from gpuinfer.measure.steps import annotate
 from gpuinfer.measure.timing import Timing, wall_seconds
 from gpuinfer.model.configs import random_prompt

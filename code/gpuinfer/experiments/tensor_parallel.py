@@ -2,7 +2,7 @@
 tests, N CPU processes over gloo), started from the chapter's cells by `launch`.
 
 - `launch`, `attempt`: the processes, one process group, rank 0's result; and the timed
-  rounds that every experiment shares (`_timed_rounds`);
+  rounds that every experiment shares (`timed_rounds`);
 - `tokens_by_ranks`: the greedy tokens of one model split over each N, and unsplit;
 - `step_sweep`: the decode step of one model unsplit and split over each N, with the
   collectives that the split step runs, all in the same interleaved rounds, so that the
@@ -33,7 +33,8 @@ from gpuinfer.decode.tensor_parallel import (TensorParallelDecoder, all_gather_l
                                              all_reduce, rank_bytes)
 from gpuinfer.env import scratch_dir
 from gpuinfer.experiments.scale import ATTENTION
-from gpuinfer.measure.timing import Rounds, graphed, time_call
+from gpuinfer.measure.timing import graphed
+from gpuinfer.measure.rounds import Rounds, time_call
 from gpuinfer.model.configs import build_model, random_prompt
 
 # Llama-3.1-8B's shape, as overrides of the 1B config (its vocabulary, rotary base and
@@ -99,7 +100,8 @@ def _run_rank(rank: int, ranks: int, rendezvous: str, result: str, worker: Calla
         dist.destroy_process_group()
 
 
-def _device() -> torch.device:
+def rank_device() -> torch.device:
+    """This rank's device: the GPU it was given (`launch` sets it), else the CPU."""
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
         else torch.device("cpu")
 
@@ -118,7 +120,7 @@ def _in_a_row(fn: Callable[[], object], calls: int) -> Callable[[], None]:
     return in_a_row
 
 
-def _replays(fn: Callable[[], object], calls: int) -> Callable[[], None]:
+def replays(fn: Callable[[], object], calls: int) -> Callable[[], None]:
     """`calls` runs of fn back to back: on a GPU one CUDA graph of them (captured here, on
     every member rank at once, since capture runs fn for its warm-up), else a loop. The
     replay keeps fn, and with it the buffers the graph reads: a symmetric-memory buffer
@@ -128,7 +130,7 @@ def _replays(fn: Callable[[], object], calls: int) -> Callable[[], None]:
     return graphed(in_a_row, keep=in_a_row)
 
 
-def _timed_rounds(calls: dict, members: dict, rounds: int, per_call: dict,
+def timed_rounds(calls: dict, members: dict, rounds: int, per_call: dict,
                   before: dict | None = None) -> Rounds:
     """Time every call of `calls` in `rounds` interleaved rounds (the order rotated by one
     each round, one untimed round first) on the ranks `members[key]` (a number n: ranks
@@ -160,7 +162,7 @@ def _timed_rounds(calls: dict, members: dict, rounds: int, per_call: dict,
 def _model(config: LlamaConfig, dtype: torch.dtype):
     """The seeded model on this rank's device, checked to be the same on every rank (the
     split assumes it: each rank keeps its slice of *its own* copy)."""
-    model = build_model(config, seed=0, dtype=dtype, device=_device())
+    model = build_model(config, seed=0, dtype=dtype, device=rank_device())
     mark = torch.stack([p.double().sum() for p in model.parameters()])
     marks = [torch.empty_like(mark) for _ in range(dist.get_world_size())]
     dist.all_gather(marks, mark)
@@ -188,7 +190,7 @@ def tokens_by_ranks(config: LlamaConfig, sizes: list[int], *, prompt_len: int,
     """A worker for `launch`: the greedy tokens of the model split over each n of `sizes`
     (1: unsplit), each step run `step_mode()`, as lists by n."""
     model = _model(config, dtype)
-    prompt = random_prompt(config, prompt_len, device=_device())
+    prompt = random_prompt(config, prompt_len, device=rank_device())
     capacity = prompt_len + new_tokens + 8  # room for the capture's warm-up steps
     tokens = {}
     for n, group in _groups(sizes).items():
@@ -240,7 +242,7 @@ def step_sweep(config: LlamaConfig, sizes: list[int], *, prompt_len: int, steps:
     if 1 not in sizes:
         raise ValueError("the sweep compares with the unsplit step: include 1 in sizes")
     model = _model(config, dtype)
-    prompt = random_prompt(config, prompt_len, device=_device())
+    prompt = random_prompt(config, prompt_len, device=rank_device())
     capacity = prompt_len + steps + 8
     calls_by_key, members, per_call, before, matrix_bytes = {}, {}, {}, {}, {}
     for n, group in _groups(sizes).items():
@@ -253,12 +255,12 @@ def step_sweep(config: LlamaConfig, sizes: list[int], *, prompt_len: int, steps:
             before[("step", n)] = lambda d=decoder: d.pos.fill_(prompt_len)
             calls_by_key[("step", n)] = _in_a_row(step, steps)  # each a graph replay
             if n > 1:
-                hidden = torch.zeros(1, config.hidden_size, dtype=dtype, device=_device())
+                hidden = torch.zeros(1, config.hidden_size, dtype=dtype, device=rank_device())
                 logits = torch.zeros(1, config.vocab_size // n, dtype=dtype,
-                                     device=_device())
-                calls_by_key[("all-reduce", n)] = _replays(
+                                     device=rank_device())
+                calls_by_key[("all-reduce", n)] = replays(
                     lambda g=group, x=hidden: all_reduce(x, g), calls)
-                calls_by_key[("all-gather", n)] = _replays(
+                calls_by_key[("all-gather", n)] = replays(
                     lambda g=group, x=logits: all_gather_last(x, g), calls)
         dist.barrier(group=_host)
     keys = [(what, n) for n in sizes for what in ("step", "all-reduce", "all-gather")
@@ -267,7 +269,7 @@ def step_sweep(config: LlamaConfig, sizes: list[int], *, prompt_len: int, steps:
         members[key] = key[1]
         per_call[key] = steps if key[0] == "step" else calls
         calls_by_key.setdefault(key, None)  # on ranks outside the group: never called
-    timed = _timed_rounds({key: calls_by_key[key] for key in keys}, members, rounds,
+    timed = timed_rounds({key: calls_by_key[key] for key in keys}, members, rounds,
                           per_call, before)
     # Complete on rank 0, the one whose result `launch` returns: it is in every group.
     return StepSweep(tuple(sizes), config.num_hidden_layers, matrix_bytes, timed)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from gpuinfer.kernels.attention import AttentionWorkspace, decode_attention
 from gpuinfer.kernels.common import Workspace, compile_ahead
 from gpuinfer.kernels.gemv import GemvConfig, gemv
-from gpuinfer.kernels.quant import Int8Matrix
+from gpuinfer.model.quant import Int8Matrix
 from gpuinfer.kernels.tiling import PAIRED
 from gpuinfer.model.llama import AS_STORED, WeightFormat
 from gpuinfer.measure.timing import benchmark, benchmark_graph, fresh_inputs, graphed
@@ -131,7 +131,7 @@ def gemv_variants(n: int, k: int, impls=IMPLS, *, dtype=torch.bfloat16, device="
     the way impl does, once over each of several copies of the matrix that together
     exceed the L2 cache (each product reads its matrix from memory), as one graph
     replay; bytes is what one call reads of the matrices. Time the fns together
-    (`timing.interleaved_rounds`). `weights` (e.g. INT8): the format the matrices
+    (`rounds.interleaved_rounds`). `weights` (e.g. INT8): the format the matrices
     are stored in, their bytes counted as stored (scales included)."""
     def matrix():
         w = torch.randn(n, k, device=device, dtype=dtype) * 0.02
@@ -186,7 +186,7 @@ def gemv_chain(decoder, impl: str, *, pdl: bool = False,
     the streaming of the weights and the hand-over between kernels, not the step's
     arithmetic. `int8_widen`: how ours widens int8 weights (`gemv.widen`); `compilation`:
     which of Inductor's compilations (`inductor_linear`). Time the variants together
-    (`timing.interleaved_rounds`)."""
+    (`rounds.interleaved_rounds`)."""
     mats = [(name, getattr(layer, name)) for layer in decoder.layers
             for name in ("qkv", "o", "gate_up", "down")]
     mats.append(("lm_head", decoder.lm_head))
@@ -268,7 +268,7 @@ def replays_from(decoder, slot: int, replays: int) -> Callable[[], None]:
     graph's replays, on a GPU) back to back, each writing the next slot of the cache:
     every call starts from the same context. What the cache holds does not change a
     step's time. Time it in interleaved rounds with per_call=replays, for one step's
-    time at a context of about `slot` (`timing.interleaved_rounds`)."""
+    time at a context of about `slot` (`rounds.interleaved_rounds`)."""
     if slot + replays >= decoder.capacity:
         raise ValueError(f"{replays} steps from slot {slot} pass the cache's "
                          f"{decoder.capacity} slots")
@@ -287,7 +287,8 @@ def steps_trace(trace: dict, steps: int = 3) -> dict:
     step's range, the CUDA calls made in it, the GPU work they launched, every event's
     arguments cut to its correlation id. Tens of kilobytes, where the whole trace is
     hundreds: small enough to keep for a chapter's presentation cells."""
-    from gpuinfer.report.trace import Ranges, step_work
+    from gpuinfer.measure.trace_events import Ranges
+    from gpuinfer.report.trace import step_work
 
     work = step_work(trace)
     kept = work.steps[:steps]

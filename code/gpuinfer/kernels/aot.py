@@ -130,7 +130,7 @@ def compile_step(configs: dict, *, pdl: bool | None = None, inline: bool = True,
     from gpuinfer.kernels.embed_head import embed, lm_head_argmax
     from gpuinfer.kernels.attention import decode_attention
     from gpuinfer.kernels.gemv import gemv, gemv_silu
-    from gpuinfer.kernels.quant import Int8Matrix
+    from gpuinfer.model.quant import Int8Matrix
     from gpuinfer.kernels.qkv_rope import qkv_rope
 
     def t(*shape, dt=dtype):  # never touched: only its dtype and address matter

@@ -27,7 +27,7 @@ from gpuinfer.kernels.common import (arrive, check_pow2, launch_options, pdl_wai
                                      round_to)
 from gpuinfer.kernels.gemv import GemvConfig, tokens_of
 from gpuinfer.kernels.tile import prefetch, rows_dots
-from gpuinfer.kernels.quant import Int8Matrix, matvec_fp32, unpack
+from gpuinfer.model.quant import Int8Matrix, matvec_fp32, unpack
 
 
 @triton.jit

@@ -16,7 +16,7 @@ columns; what matters is how many programs stream at once and how soon each star
 - Fusions: RMSNorm in the prologue (each program recomputes the sum of squares of x,
   2048 elements from L2), a residual add in the epilogue, and SiLU(gate) * up for the
   stacked gate/up matrix, whose paired rows each program computes together.
-- Weights may be int8 with a scale per row (`gpuinfer.kernels.quant`): the tile is
+- Weights may be int8 with a scale per row (`gpuinfer.model.quant`): the tile is
   loaded as int8, widened in registers (`tile.widen`, without a conversion
   instruction), and each row's sum multiplied by its scale.
 - A pass: x of T rows (a verify pass's tokens), each multiplied by the tile while it
@@ -35,7 +35,7 @@ from gpuinfer.model.llama import rms_norm
 from gpuinfer.kernels.common import (Workspace, check_pow2, launch_options, pdl_wait,
                                      round_to, split_k_sum)
 from gpuinfer.kernels.tile import prefetch, rows_dots
-from gpuinfer.kernels.quant import Int8Matrix, matvec_fp32, unpack
+from gpuinfer.model.quant import Int8Matrix, matvec_fp32, unpack
 
 INT8_WIDEN = ("bits", "convert")  # how `gemv` widens int8 weights (`widen`)
 
@@ -172,6 +172,20 @@ def tokens_of(x: torch.Tensor, k: int) -> int:
     return 1 if x.dim() == 1 else x.shape[0]
 
 
+def _launch_plan(config: GemvConfig, w: torch.Tensor, x: torch.Tensor, n: int,
+                 rows_per_out: int, out: torch.Tensor | None,
+                 workspace: Workspace | None) -> tuple[int, torch.Tensor, Workspace, tuple]:
+    """What a launch of `n` outputs a vector of x needs, read off w (., K) and x: how many
+    vectors x holds, the output ((n,) or (tokens, n), a fresh one if none is given), the
+    workspace (`workspace_for`) and the grid."""
+    k = w.shape[1]
+    tokens = tokens_of(x, k)
+    shape = (n,) if x.dim() == 1 else (tokens, n)
+    out = torch.empty(shape, device=w.device, dtype=x.dtype) if out is None else out
+    ws = workspace_for(config, n, k, rows_per_out, workspace, w.device, tokens)
+    return tokens, out, ws, config.grid(n, k)
+
+
 def gemv(w: torch.Tensor | Int8Matrix, x: torch.Tensor, out: torch.Tensor | None = None,
          *, norm: torch.Tensor | None = None, eps: float = 1e-5,
          residual: torch.Tensor | None = None, config: GemvConfig = GemvConfig(),
@@ -187,11 +201,7 @@ def gemv(w: torch.Tensor | Int8Matrix, x: torch.Tensor, out: torch.Tensor | None
         raise ValueError(f"int8_widen={int8_widen!r}: one of {INT8_WIDEN}")
     w, scale = unpack(w)
     n, k = w.shape
-    tokens = tokens_of(x, k)
-    shape = (n,) if x.dim() == 1 else (tokens, n)
-    out = torch.empty(shape, device=w.device, dtype=x.dtype) if out is None else out
-    ws = workspace_for(config, n, k, 1, workspace, w.device, tokens)
-    grid = config.grid(n, k)
+    tokens, out, ws, grid = _launch_plan(config, w, x, n, 1, out, workspace)
     gemv_kernel[grid](
         w, scale, x, out, residual, norm, ws.partials, ws.counters,
         n, k, w.stride(0), config.k_per_split(k), eps,
@@ -212,11 +222,7 @@ def gemv_silu(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
     w, scale = unpack(w)
     n2, k = w.shape
     n = n2 // 2
-    tokens = tokens_of(x, k)
-    shape = (n,) if x.dim() == 1 else (tokens, n)
-    out = torch.empty(shape, device=w.device, dtype=x.dtype) if out is None else out
-    ws = workspace_for(config, n, k, 2, workspace, w.device, tokens)
-    grid = config.grid(n, k)
+    tokens, out, ws, grid = _launch_plan(config, w, x, n, 2, out, workspace)
     gemv_silu_kernel[grid](
         w, scale, x, out, norm, ws.partials, ws.counters,
         n, k, w.stride(0), config.k_per_split(k), eps,

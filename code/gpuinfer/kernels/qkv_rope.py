@@ -29,7 +29,7 @@ from gpuinfer.kernels.common import (Workspace, launch_options, pdl_wait, round_
                                      split_k_sum)
 from gpuinfer.kernels.gemv import GemvConfig, tokens_of, workspace_for
 from gpuinfer.kernels.tile import prefetch, rows_dots
-from gpuinfer.kernels.quant import Int8Matrix, matvec_fp32, unpack
+from gpuinfer.model.quant import Int8Matrix, matvec_fp32, unpack
 
 
 @triton.jit

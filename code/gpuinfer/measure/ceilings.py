@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from gpuinfer.measure import roofline as rl
+from gpuinfer import roofline as rl
 from gpuinfer.measure.timing import Timing, benchmark, benchmark_graph, fresh_inputs
 
 # A small copy rotates over buffer pairs that touch 512 MiB together, over eight times the

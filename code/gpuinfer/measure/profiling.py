@@ -24,8 +24,8 @@ import torch
 
 from gpuinfer.env import sync
 from gpuinfer.measure.steps import STEP, decode_steps
-from gpuinfer.report.trace import (API_CATS, GPU_CATS, Ranges, events, is_launch,
-                                   step_events, top_level_ops)
+from gpuinfer.measure.trace_events import (API_CATS, GPU_CATS, Ranges, events, is_launch,
+                                           step_events, top_level_ops)
 
 BODY = "profiled code"  # the range around the code a session() profiles
 
@@ -64,6 +64,17 @@ def session():
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with _profiled(activities) as recorded:
+        with torch.profiler.record_function(BODY):
+            yield recorded
+            sync()
+
+
+@contextlib.contextmanager
+def _profiled(activities: list):
+    """torch.profiler recording `activities` around what runs inside, as `session()` says:
+    the GPU synchronized on entry and exit, Kineto's messages muted, CUPTI's buffer request
+    made before the code runs; the yielded `Recorded` holds the trace once it ended."""
     recorded = Recorded()
     prof = torch.profiler.profile(activities=activities)
     sync()
@@ -73,9 +84,8 @@ def session():
         if torch.cuda.is_available():
             torch.empty(1, device="cuda").fill_(1.0)  # CUPTI's buffer request lands here
             sync()
-        with torch.profiler.record_function(BODY):
-            yield recorded
-            sync()
+        yield recorded
+        sync()
     finally:
         with _native_stderr_muted():
             prof.__exit__(None, None, None)
@@ -229,25 +239,12 @@ def call_anatomy(fn: Callable[[], object], *, calls: int = 30,
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-    sync()
-    with _native_stderr_muted():
-        prof.__enter__()
-    try:
-        torch.empty(1, device="cuda").fill_(1.0)  # CUPTI's buffer request lands here
-        sync()
+    with _profiled([torch.profiler.ProfilerActivity.CUDA]) as recorded:
         for i in range(calls):
             starts[i].record()
             fn()
             ends[i].record()
-        sync()
-    finally:
-        with _native_stderr_muted():
-            prof.__exit__(None, None, None)
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(raw)
-        trace = load_trace(raw)
+    trace = recorded.trace
     api = sorted(events(trace, API_CATS), key=lambda e: e.ts)
     kernels = {e.correlation: e for e in events(trace, "kernel")}
     records = [e for e in api if e.name.startswith("cudaEventRecord")]

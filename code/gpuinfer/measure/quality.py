@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from gpuinfer.decode.loops import cache_kwarg
+from gpuinfer.model.stock_generate import cache_kwarg
 
 
 @dataclass(frozen=True)

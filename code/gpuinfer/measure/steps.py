@@ -2,7 +2,7 @@
 
 Every decode loop of the book iterates over `decode_steps(range(...))`. While a profiler
 records, each step is a named range (`record_function("decode_step")`) in its trace, which
-is how `gpuinfer.report.trace` finds the steps. Inside `step_clock()`, each step boundary
+is how `gpuinfer.measure.trace_events` finds the steps. Inside `step_clock()`, each step boundary
 also records a timestamp: a CUDA event on the GPU (recording one does not synchronize, so
 the loop runs as it would without the clock), the host clock on a CPU.
 """
@@ -19,7 +19,7 @@ STEP = "decode_step"  # the name of a step's range in a profiler trace
 _marks: list | None = None  # set inside step_clock(): one timestamp per step boundary
 
 
-def _timestamp():
+def timestamp():
     """A CUDA event recorded on the current stream (no sync), or the host clock on a CPU."""
     if torch.cuda.is_available():
         event = torch.cuda.Event(enable_timing=True)
@@ -42,11 +42,11 @@ def decode_steps(indices: range, name: str = STEP):
     """Iterate over decode steps, marking each one for the profiler and for step_clock."""
     for i in indices:
         if _marks is not None:
-            _marks.append(_timestamp())
+            _marks.append(timestamp())
         with annotate(name):
             yield i
     if _marks is not None:
-        _marks.append(_timestamp())
+        _marks.append(timestamp())
 
 
 class StepTimes:

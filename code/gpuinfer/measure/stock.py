@@ -6,7 +6,7 @@ step, and what torch.compile holds by then (other variants' graphs, recompilatio
 against its limit, a recipe that swapped the forward) changes what runs. The same
 generate(static) of the 1B shape measured 6.34 ms per token in one chapter, 3.34 in another
 and 2.83 in a process of its own. A user meets `generate()` in a process of their own, so
-`stock_fresh` times each variant that way: one `python -m gpuinfer.measure.stock` process
+`stock_fresh` times each variant that way: one `python -m gpuinfer.measure.stock_process` process
 per variant, which builds the chapter's model (same config, seed, dtype and prompt), makes a
 first generation (which compiles), `warmup` more, then `rounds` interleaved rounds of a
 whole generation (t_N) and a one-token one (t_1, the prefill and the first token). The
@@ -32,6 +32,7 @@ that fails otherwise (the model cannot be built, say) raises, its stderr passed 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -44,13 +45,13 @@ from pathlib import Path
 
 import torch
 
-from gpuinfer.decode.loops import BASELINES
-from gpuinfer.measure.timing import Comparison, Rounds, Timing
+from gpuinfer.measure.rounds import Comparison, Rounds
+from gpuinfer.measure.timing import Timing
+from gpuinfer.model.stock_generate import STOCK_LABELS
 
 # The variants, by short name, with the labels the chapters' tables use.
 STOCK_VARIANTS = {
-    "dynamic": list(BASELINES)[0],
-    "static": list(BASELINES)[1],
+    **STOCK_LABELS,
     "docs": "generate(), static cache + the docs' torch.compile recipe",
 }
 # The docs' recipe raises past this many recompilations of a function, where by default
@@ -152,16 +153,20 @@ class StockBaselines:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "StockBaselines":
-        """The runs `save` wrote; ValueError naming the file if it is not such a file."""
+        """The runs `save` wrote, plain or gzipped (a `.gz` file: the record command keeps a
+        chapter's files so); ValueError naming the file if it is not such a file."""
         try:
-            data = json.loads(Path(path).read_text(encoding="utf8"))
+            raw = Path(path).read_bytes()
+            if Path(path).suffix == ".gz":
+                raw = gzip.decompress(raw)
+            data = json.loads(raw.decode("utf8"))
             runs = {}
             for name, run in data.pop("runs").items():
                 for key in ("decode_ms", "prefill_ms", "whole_ms", "tokens"):
                     run[key] = tuple(run[key])
                 runs[name] = StockRun(**run)
             return cls(runs, **data)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (OSError, EOFError, ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"{path} is not a saved stock measurement ({exc}): record "
                              f"the chapter that measures it again") from None
 
@@ -276,8 +281,8 @@ def _budget_left(device: torch.device) -> float | None:
 
 
 def _run_fresh(args: dict, timeout: float) -> StockRun:
-    """One variant in `python -m gpuinfer.measure.stock ARGS`, its result read from a file
-    (stdout is left to whatever the libraries print)."""
+    """One variant in `python -m gpuinfer.measure.stock_process ARGS`, its result read
+    from a file (stdout is left to whatever the libraries print)."""
     variant = args["variant"]
     env = dict(os.environ)  # the package, also where it is not installed
     package_root = str(Path(__file__).resolve().parents[2])

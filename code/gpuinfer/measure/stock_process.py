@@ -28,9 +28,10 @@ def _measure(args: dict) -> dict:
     import transformers
     from torch._dynamo.utils import counters
 
-    from gpuinfer.decode.loops import decode_generate, decode_generate_static
-    from gpuinfer.measure.timing import interleaved_rounds, wall_seconds
+    from gpuinfer.measure.rounds import interleaved_rounds
+    from gpuinfer.measure.timing import wall_seconds
     from gpuinfer.model.configs import build_model, model_config, random_prompt
+    from gpuinfer.model.stock_generate import decode_generate, decode_generate_static
 
     warnings.filterwarnings("ignore", message="IProgress not found")  # transformers' tqdm
     transformers.logging.set_verbosity_error()  # generate()'s advice to users

@@ -12,12 +12,11 @@ test of the code path, not a measurement of a GPU.
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -208,143 +207,3 @@ def fresh_inputs(make: Callable[[], tuple], bytes_per_set: int, *,
     (default 256 MiB, four times the 60 MB L2 of an H100/H200), so repeats read HBM."""
     count = max(1, min(max_sets, -(-min_total_bytes // max(bytes_per_set, 1))))
     return [make() for _ in range(count)]
-
-
-# ------------------------------------------------------------------------------------------
-# Comparing variants: interleaved rounds, and a verdict that respects their spread
-# ------------------------------------------------------------------------------------------
-
-
-def time_call(fn: Callable[[], object]) -> float:
-    """Milliseconds of one call of fn, its GPU work included (CUDA events, then a sync)."""
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
-@dataclass(frozen=True)
-class Rounds:
-    """Variants timed in interleaved rounds: each round ran every variant once, in an order
-    rotated by one from the round before. `times_ms[name][r]` is the time of round r."""
-
-    times_ms: dict[Hashable, tuple[float, ...]]  # a variant's name, or any key
-    clock: str
-
-    def __getitem__(self, name: Hashable) -> Timing:
-        return Timing(self.times_ms[name], self.clock)
-
-    @property
-    def names(self) -> list[Hashable]:
-        return list(self.times_ms)
-
-    @property
-    def rounds(self) -> int:
-        return len(next(iter(self.times_ms.values())))
-
-    def compare(self, a: Hashable, b: Hashable) -> Comparison:
-        """How a's time compares with b's over the same rounds (see `Comparison`)."""
-        ta, tb = self.times_ms[a], self.times_ms[b]
-        per_round = [y / x for x, y in zip(ta, tb)]
-        separated = max(ta) < min(tb) or max(tb) < min(ta)
-        return Comparison(a, b, self[b].median / self[a].median, min(per_round),
-                          max(per_round), separated, self.rounds)
-
-
-def interleaved_rounds(fns: dict[Hashable, Callable[[], object]], *, rounds: int = 5,
-                       warmup: int = 1, per_call: float = 1.0) -> Rounds:
-    """Time every variant in `rounds` interleaved rounds: each round calls each fn once, in
-    an order rotated by one each round, so that a slow stretch of the host (or a warm GPU)
-    hits every variant alike. `warmup` untimed rounds come first. Each call is timed on its
-    own, GPU work included; times are divided by `per_call` (e.g. tokens per generation, for
-    milliseconds per token). Without CUDA the host clock times them (smoke mode)."""
-    if rounds < 1 or warmup < 0 or not fns:
-        raise ValueError(f"need rounds >= 1, warmup >= 0 and variants, got {rounds=} "
-                         f"{warmup=} and {len(fns)} variants")
-    if not torch.cuda.is_available():
-        warnings.warn("no CUDA device: timing with the host clock (smoke mode, not a GPU "
-                      "measurement)", HostClockWarning, stacklevel=2)
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    times: dict[Hashable, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            times[name].append(time_call(fns[name]) / per_call)
-    clock = "cuda-event" if torch.cuda.is_available() else "host"
-    return Rounds({name: tuple(t) for name, t in times.items()}, clock)
-
-
-def decode_rounds(generates: dict[Hashable, Callable[[torch.Tensor, int], object]],
-                  prompt_ids: torch.Tensor, new_tokens: int, *, rounds: int = 5,
-                  warmup: int = 0) -> tuple[Rounds, Rounds]:
-    """Whole generations and one-token generations of every variant (each a function of
-    the prompt and a number of new tokens), in the same interleaved rounds. Returns the
-    decode time per token, (whole - one token) / (new_tokens - 1) round by round, and the
-    time to first token (the prompt's prefill and the first token, host read included),
-    both as Rounds of milliseconds: neither is ever divided by a time from another run."""
-    calls = {(name, n): functools.partial(g, prompt_ids, n)
-             for name, g in generates.items() for n in (new_tokens, 1)}
-    timed = interleaved_rounds(calls, rounds=rounds, warmup=warmup)
-    per_token = {name: tuple((whole - first) / (new_tokens - 1) for whole, first in
-                             zip(timed.times_ms[(name, new_tokens)],
-                                 timed.times_ms[(name, 1)]))
-                 for name in generates}
-    first = {name: timed.times_ms[(name, 1)] for name in generates}
-    return Rounds(per_token, timed.clock), Rounds(first, timed.clock)
-
-
-def _x(ratio: float) -> str:
-    return f"{ratio:.3g}×"
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Variant a against variant b, timed in the same rounds. `ratio` is b's median time
-    over a's (above 1: a is faster); `low` and `high` are the lowest and highest per-round
-    ratios. The two differ only where their spreads (fastest to slowest round) do not
-    overlap: then `separated` is True."""
-
-    a: Hashable
-    b: Hashable
-    ratio: float
-    low: float
-    high: float
-    separated: bool
-    rounds: int
-
-    @property
-    def faster(self) -> bool:
-        return self.separated and self.ratio > 1
-
-    @property
-    def words(self) -> str:
-        """"3.2× faster", "1.5× slower", or "the same within this run's noise"."""
-        if not self.separated:
-            return "the same within this run's noise"
-        if self.ratio > 1:
-            return f"{_x(self.ratio)} faster"
-        return f"{_x(1 / self.ratio)} slower"
-
-    @property
-    def range(self) -> str:
-        """The per-round ratios, the way `words` puts them: "3.1–3.4× over 5 rounds"."""
-        lo, hi = (self.low, self.high) if self.ratio > 1 else (1 / self.high, 1 / self.low)
-        return f"{lo:.3g}–{_x(hi)} over {self.rounds} rounds"
-
-    def sentence(self, a: str | None = None, b: str | None = None) -> str:
-        """The verdict as a sentence, naming the variants `a` and `b` (default: keys)."""
-        a, b = a or self.a, b or self.b
-        if not self.separated:
-            return (f"{a} and {b} take the same time within this run's noise (their "
-                    f"spreads over the {self.rounds} rounds overlap)")
-        return f"{a} is {self.words} than {b} ({self.range})"

@@ -14,7 +14,7 @@ measured step comes to moving it at the speed of memory.
   `roofline_seconds` (the roofline's floor for a step).
 
 Plain arithmetic in SI units, tested on the CPU against hand-computed values, as
-`gpuinfer.measure.roofline` is.
+`gpuinfer.roofline` is.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from transformers import LlamaConfig
 
-from gpuinfer.measure import roofline as rl
+from gpuinfer import roofline as rl
 from gpuinfer.model.configs import head_dim
 
 
@@ -123,7 +123,7 @@ def int8_bytes_by_part(shape: ModelShape, *, context: float,
                        itemsize: int) -> dict[str, float]:
     """The fewest bytes of a batch-1 decode step whose matrices (every layer's and the
     output projection) are int8 with one scale per row, in the activations' `itemsize`,
-    as `kernels.quant` stores them. The rest stays as it was: the norms, the KV cache,
+    as `model.quant` stores them. The rest stays as it was: the norms, the KV cache,
     and the input embedding, of which a step reads one row (tied or not: the output
     projection is an int8 copy)."""
     kv = shape.kv_bytes_per_token(itemsize)

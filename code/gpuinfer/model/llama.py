@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
-from gpuinfer.kernels.quant import Int8Matrix, quantize_int8
+from gpuinfer.model.quant import Int8Matrix, quantize_int8
 from gpuinfer.model.configs import check_llama, head_dim
 
 
@@ -105,7 +105,7 @@ class WeightFormat:
 
 
 AS_STORED = WeightFormat("bf16")  # the model's own dtype (BF16 in the book's runs)
-INT8 = WeightFormat("int8", quantize_int8)  # weight-only, per output row (kernels.quant)
+INT8 = WeightFormat("int8", quantize_int8)  # weight-only, per output row (model.quant)
 FORMATS = (AS_STORED, INT8)
 
 

@@ -30,7 +30,7 @@ from sphinx import addnodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
-from gpuinfer.measure.roofline import lookup_spec
+from gpuinfer.roofline import lookup_spec
 from gpuinfer.publish import book, recordings
 from gpuinfer.publish.compare import glued_in
 from gpuinfer.publish.sphinx_provenance import note_dependencies

@@ -14,8 +14,6 @@ baseline and says why, rather than a figure from another machine.
 
 from __future__ import annotations
 
-import gzip
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,20 +47,6 @@ def recordings_folder(start: Path | None = None) -> Path | None:
     return None
 
 
-def _load(path: Path) -> StockBaselines:
-    """`StockBaselines.load` of `path`, gzipped or not; ValueError naming `path`."""
-    if path.suffix != ".gz":
-        return StockBaselines.load(path)
-    with tempfile.TemporaryDirectory() as tmp:
-        plain = Path(tmp) / path.stem
-        try:
-            plain.write_bytes(gzip.decompress(path.read_bytes()))
-            return StockBaselines.load(plain)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"{path} is not a saved stock measurement ({exc}): record "
-                             f"the chapter that measures it again") from None
-
-
 def stock_from(chapter: str, *, config: str, dtype: str, prompt_len: int, new_tokens: int,
                gpu: str | None, start: Path | None = None) -> Borrowed:
     """The stock baselines that `chapter` measured on this workload (`gpu`: this run's
@@ -77,7 +61,7 @@ def stock_from(chapter: str, *, config: str, dtype: str, prompt_len: int, new_to
     if not found:
         return Borrowed(None, f"no recording of {chapter} holds {name}: record {chapter} "
                               f"first, on this GPU")
-    stock = _load(found[0])
+    stock = StockBaselines.load(found[0])
     if stock.workload() != wanted:
         differ = ", ".join(f"{k} {stock.workload()[k]!r} there, {v!r} here"
                            for k, v in wanted.items() if stock.workload()[k] != v)

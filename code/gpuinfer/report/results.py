@@ -2,7 +2,7 @@
 page.
 
 A chapter times its variants in interleaved rounds
-(`gpuinfer.measure.timing.interleaved_rounds`), turns the rounds into rows (`from_rounds`:
+(`gpuinfer.measure.rounds.interleaved_rounds`), turns the rounds into rows (`from_rounds`:
 ms per token, speed-ups over its naive loop and over stock `generate()`, each with its
 range over the rounds), shows them (`markdown`) and glues `dumps(rows)` under the name
 `GLUE_NAME`. The results page
@@ -16,7 +16,8 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from gpuinfer.measure.timing import Rounds, Timing
+from gpuinfer.measure.rounds import Rounds
+from gpuinfer.measure.timing import Timing
 from gpuinfer.report.shared import apart
 
 GLUE_NAME = "decode_results"

@@ -22,7 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuinfer.measure.timing import Comparison, Timing
+from gpuinfer.measure.rounds import Comparison
+from gpuinfer.measure.timing import Timing
 from gpuinfer.report.borrowed import recordings_folder
 
 

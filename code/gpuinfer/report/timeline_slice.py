@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuinfer.measure import trace_events as E
 from gpuinfer.measure.steps import STEP
-from gpuinfer.report import trace as T
 
 
 @dataclass(frozen=True)
@@ -37,14 +37,14 @@ class TimelineSlice:
     @classmethod
     def of(cls, trace: dict, steps: int = 2, step_name: str = STEP) -> TimelineSlice:
         """The events of `trace` that `plot_timeline(trace, steps=steps)` can draw."""
-        ranges = T.step_events(trace, step_name)[:steps]
+        ranges = E.step_events(trace, step_name)[:steps]
         if not ranges:
             raise ValueError(f"no {step_name!r} ranges in the trace")
         t0 = ranges[0].ts
-        gpu_ends = [e.end for e in T.events(trace, T.GPU_CATS) if e.ts < ranges[-1].end]
+        gpu_ends = [e.end for e in E.events(trace, E.GPU_CATS) if e.ts < ranges[-1].end]
         t1 = max([ranges[-1].end] + gpu_ends)  # as plot_timeline's window
-        lanes = (T.step_events(trace, step_name) + T.top_level_ops(trace)
-                 + T.events(trace, T.API_CATS) + T.events(trace, T.GPU_CATS))
+        lanes = (E.step_events(trace, step_name) + E.top_level_ops(trace)
+                 + E.events(trace, E.API_CATS) + E.events(trace, E.GPU_CATS))
         drawn = sorted((e for e in lanes if e.end > t0 and e.ts < t1),
                        key=lambda e: (e.ts, -e.dur))
         names = list(dict.fromkeys(e.name for e in drawn))

@@ -13,8 +13,8 @@ kept relative to the first step's start (the figures' axes are relative anyway).
 
 from __future__ import annotations
 
+from gpuinfer.measure import trace_events as E
 from gpuinfer.measure.steps import STEP
-from gpuinfer.report import trace as T
 from gpuinfer.report.kernel_names import kind_of
 
 NAME_CHARS = 60  # a longer name is cut (a C++ kernel's templates and parameters)
@@ -29,7 +29,7 @@ def short_name(name: str) -> str:
     return cut if kind_of(cut) == kind_of(name) else name
 
 
-def _slim(e: T.Event, base: float) -> dict:
+def _slim(e: E.Event, base: float) -> dict:
     raw = {"ph": "X", "cat": e.cat, "name": short_name(e.name), "ts": round(e.ts - base, 3),
            "dur": round(e.dur, 3), "tid": e.tid}
     if e.correlation is not None:
@@ -43,21 +43,21 @@ def figure_trace(trace: dict, steps: int, step_name: str = STEP) -> dict:
     launched, and from their first start to the end of that work (the window such a
     figure spans), the decode-step ranges, top-level ATen ops, CUDA API calls and GPU work
     that overlap it."""
-    first = T.step_events(trace, step_name)[:steps]
+    first = E.step_events(trace, step_name)[:steps]
     if not first:
         raise ValueError(f"no {step_name!r} ranges in the trace")
     start = first[0].ts
-    inside = T.Ranges(first)
-    api = T.events(trace, T.API_CATS)
+    inside = E.Ranges(first)
+    api = E.events(trace, E.API_CATS)
     launched = {e.correlation for e in api if e.correlation is not None and
                 inside.holding(e)}
-    gpu = T.events(trace, T.GPU_CATS)
+    gpu = E.events(trace, E.GPU_CATS)
     end = max([first[-1].end] + [e.end for e in gpu if e.correlation in launched])
 
     def overlapping(events):
         return [e for e in events if e.end > start and e.ts < end]
 
-    kept = (overlapping(T.step_events(trace, step_name))
-            + overlapping(T.top_level_ops(trace)) + overlapping(api)
+    kept = (overlapping(E.step_events(trace, step_name))
+            + overlapping(E.top_level_ops(trace)) + overlapping(api)
             + [e for e in gpu if e.correlation in launched or e.end > start and e.ts < end])
     return {"traceEvents": [_slim(e, start) for e in kept]}

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuinfer.measure.steps import STEP
+from gpuinfer.measure.trace_events import Ranges
 from gpuinfer.report.kernel_names import KINDS, ORIGINS, kernel_name, kind_of, origin
-from gpuinfer.report.trace import Ranges, step_work
+from gpuinfer.report.trace import step_work
 
 NAME_CHARS = 44  # a kernel name longer than this is cut, so that the table fits the column
 

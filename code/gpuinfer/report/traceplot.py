@@ -15,6 +15,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
+from gpuinfer.measure import trace_events as E
 from gpuinfer.measure.steps import STEP
 from gpuinfer.report import trace as T
 from gpuinfer.report.kernel_names import KINDS, kind_of
@@ -32,17 +33,17 @@ def _lane_slices(trace: dict, t0: float, t1: float, step_name: str):
     def overlapping(events):
         return [e for e in events if e.end > t0 and e.ts < t1]
 
-    steps = overlapping(T.step_events(trace, step_name))
-    ops = overlapping(T.top_level_ops(trace))
-    api = overlapping(T.events(trace, T.API_CATS))
-    gpu = overlapping(T.events(trace, T.GPU_CATS))
+    steps = overlapping(E.step_events(trace, step_name))
+    ops = overlapping(E.top_level_ops(trace))
+    api = overlapping(E.events(trace, E.API_CATS))
+    gpu = overlapping(E.events(trace, E.GPU_CATS))
     return {"decode step": steps, "CPU: ATen ops": ops, "CPU: CUDA API": api,
             "GPU: kernels": gpu}
 
 
 def _draw(ax, trace: dict, t0: float, t1: float, step_name: str, flows: bool, unit: str):
     scale = 1e-3 if unit == "ms" else 1.0  # trace times are microseconds
-    step_numbers = {e.ts: i for i, e in enumerate(T.step_events(trace, step_name), start=1)}
+    step_numbers = {e.ts: i for i, e in enumerate(E.step_events(trace, step_name), start=1)}
     lanes = _lane_slices(trace, t0, t1, step_name)
     width_px = ax.get_window_extent().width or 800
     min_width = (t1 - t0) / width_px  # a thinner slice is drawn a pixel wide (as Perfetto)
@@ -68,7 +69,7 @@ def _draw(ax, trace: dict, t0: float, t1: float, step_name: str, flows: bool, un
         ax.broken_barh(bars, (y - height / 2, height), facecolors=colors, linewidth=0,
                        antialiased=False)
         if lane == "CPU: CUDA API":  # mark host syncs, however short, as Perfetto does
-            syncs = [(e.ts - t0) * scale for e in events if T.is_sync(e.name)]
+            syncs = [(e.ts - t0) * scale for e in events if E.is_sync(e.name)]
             if syncs:
                 ax.plot(syncs, [y + height / 2 + 0.12] * len(syncs), "v", ms=5, zorder=5,
                         color=COLORS["host sync"])
@@ -101,11 +102,11 @@ def plot_timeline(trace: dict, *, steps: int = 2, zoom: tuple[float, float] | No
     default the last fifth of the first step and the start of the next, where one step hands
     over to the next (and where a naive loop waits for the GPU).
     """
-    step_ranges = T.step_events(trace, step_name)[:steps]
+    step_ranges = E.step_events(trace, step_name)[:steps]
     if not step_ranges:
         raise ValueError(f"no {step_name!r} ranges in the trace")
     t0 = step_ranges[0].ts
-    gpu_ends = [e.end for e in T.events(trace, T.GPU_CATS) if e.ts < step_ranges[-1].end]
+    gpu_ends = [e.end for e in E.events(trace, E.GPU_CATS) if e.ts < step_ranges[-1].end]
     t1 = max([step_ranges[-1].end] + gpu_ends)
     if zoom is None:
         first = step_ranges[0]
@@ -149,7 +150,7 @@ def plot_step_kernels(traces: dict[str, dict], *, step: int = 2, step_name: str 
         ax.broken_barh([(e.ts - t0, e.dur) for e in work], (y - 0.2, 0.5),
                        facecolors=[COLORS[k] for k in kinds], linewidth=0,
                        antialiased=False)
-        idle = [(a - t0, b - a) for a, b in T.gaps([(e.ts, e.end) for e in work])]
+        idle = [(a - t0, b - a) for a, b in E.gaps([(e.ts, e.end) for e in work])]
         ax.broken_barh(idle, (y - 0.36, 0.12), facecolors=IDLE, linewidth=0,
                        antialiased=False)
     ax.set_yticks(range(len(labels)))
