@@ -350,12 +350,16 @@ def test_no_scratch_folder_is_left_and_stale_ones_are_removed(tmp_path, monkeypa
     dead.wait()  # a process that has ended: its folder is stale
     stale = scratch / f"{env.SCRATCH_PREFIX}{dead.pid}-record-ch_b-x1"
     stale.mkdir()
+    (stale / env.SCRATCH_MARKER).write_text(str(dead.pid))  # as the package marks its own
     live = scratch / f"{env.SCRATCH_PREFIX}{os.getppid()}-record-ch_b-x2"  # a live one
     live.mkdir()
+    (live / env.SCRATCH_MARKER).write_text(str(os.getppid()))
+    by_hand = scratch / f"{env.SCRATCH_PREFIX}{dead.pid}-record-ch_b-x3"  # no marker
+    by_hand.mkdir()
     root = copy_book(tmp_path / "book")
     assert record.main(["--root", str(root), "--allow-cpu", "ch_b"]) == 0
     assert sorted(p.name for p in scratch.iterdir() if p.name.startswith("gpuinfer")) == [
-        live.name]
+        live.name, by_hand.name]
 
 
 # --- recording on the CPU: labelled smoke, rejected ----------------------------------------
