@@ -82,7 +82,7 @@ def test_a_presentation_cell_cannot_call_a_measuring_function_a_measurement_cell
 
 def test_what_a_presentation_cell_may_use():
     found = analysed("from gpuinfer.report.plots import plt\nimport numpy as np\nx = 1",
-                     "from gpuinfer.measure.roofline import ridge\nplt.plot(np.arange(x))",
+                     "from gpuinfer.roofline import ridge\nplt.plot(np.arange(x))",
                      presentation={2})
     assert cells.problems(found) == []
 

@@ -42,7 +42,8 @@ DENIED = ("time", "timeit", "torch.cuda", "torch.profiler", "torch.utils.benchma
           "triton", "gpuinfer.env", "gpuinfer.measure.timing", "gpuinfer.measure.steps",
           "gpuinfer.measure.profiling", "gpuinfer.measure.launch",
           "gpuinfer.measure.ceilings", "gpuinfer.measure.stock", "gpuinfer.measure.quality",
-          "gpuinfer.decode", "gpuinfer.kernels", "gpuinfer.experiments",
+          "gpuinfer.measure.rounds", "gpuinfer.measure.stock_process",
+          "gpuinfer.model.stock_generate", "gpuinfer.decode", "gpuinfer.kernels", "gpuinfer.experiments",
           "gpuinfer.model.train", "gpuinfer.model.corpus")
 
 

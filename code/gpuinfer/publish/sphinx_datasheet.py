@@ -1,4 +1,4 @@
-"""`{gpu-spec-table}`: the datasheet table of gpuinfer.measure.roofline, rendered at build
+"""`{gpu-spec-table}`: the datasheet table of gpuinfer.roofline, rendered at build
 time, so that the appendix cannot drift from the numbers the chapters use; the GPUs the
 book's recordings ran on are marked. A Sphinx extension (listed in _config.yml)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
-from gpuinfer.measure import roofline
+from gpuinfer import roofline
 from gpuinfer.publish import book
 from gpuinfer.publish.tables import table
 from gpuinfer.publish.validation import read_provenance
@@ -34,7 +34,7 @@ def _fmt(value: float | None) -> str:
 
 
 class GPUSpecTable(SphinxDirective):
-    """The datasheet ceilings of gpuinfer.measure.roofline.GPU_SPECS, with the BF16 ridge
+    """The datasheet ceilings of gpuinfer.roofline.GPU_SPECS, with the BF16 ridge
     point."""
 
     def run(self):
