@@ -171,19 +171,14 @@ def test_a_constant_attribute_name_in_getattr_is_an_attribute(package):
     assert "c.py::bottom" in found and "c.py::other" not in found
 
 
-def test_a_module_run_with_dash_m_counts_whole(package):
+@pytest.mark.parametrize("how", [("-m", "gpuinfer.entry"),
+                                 ("-c", "from gpuinfer.entry import main; main()")],
+                         ids=["dash_m", "dash_c_code"])
+def test_a_module_run_in_a_subprocess_counts_whole(package, how):
+    flag, value = how
     sources = Edited(package, {
         "runner.py": "import subprocess, sys\n\ndef run():\n    subprocess.run([sys."
-                     "executable, '-m', 'gpuinfer.entry'])\n",
-        "entry.py": "def main():\n    return 1\n\ndef helper():\n    return 2\n"})
-    found = defs(sources, "from gpuinfer.runner import run\nrun()")
-    assert {"entry.py", "entry.py::main", "entry.py::helper"} <= set(found)
-
-
-def test_a_module_imported_by_dash_c_code_counts_whole(package):
-    sources = Edited(package, {
-        "runner.py": "import subprocess, sys\n\ndef run():\n    subprocess.run([sys."
-                     "executable, '-c', 'from gpuinfer.entry import main; main()'])\n",
+                     f"executable, '{flag}', '{value}'])\n",
         "entry.py": "def main():\n    return 1\n\ndef helper():\n    return 2\n"})
     found = defs(sources, "from gpuinfer.runner import run\nrun()")
     assert {"entry.py", "entry.py::main", "entry.py::helper"} <= set(found)
