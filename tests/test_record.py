@@ -358,8 +358,8 @@ def test_no_scratch_folder_is_left_and_stale_ones_are_removed(tmp_path, monkeypa
     by_hand.mkdir()
     root = copy_book(tmp_path / "book")
     assert record.main(["--root", str(root), "--allow-cpu", "ch_b"]) == 0
-    assert sorted(p.name for p in scratch.iterdir() if p.name.startswith("gpuinfer")) == [
-        live.name, by_hand.name]
+    assert sorted(p.name for p in scratch.iterdir() if p.name.startswith("gpuinfer")) == \
+        sorted([live.name, by_hand.name])
 
 
 # --- recording on the CPU: labelled smoke, rejected ----------------------------------------
