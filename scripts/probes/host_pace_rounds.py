@@ -75,8 +75,8 @@ def phase(tag: str, lean) -> None:
     for t, probe, typical, core, mhz in rows:
         print(f"  {t:6.1f} {probe:7.2f} {typical:7.2f} {core:4d} {mhz:7.0f}")
     probes, steps = [r[1] for r in rows], [r[2] for r in rows]
-    print(f"  launch {statistics.median(probes):.2f} us ({min(probes):.2f}-{max(probes):.2f}),"
-          f" lean {statistics.median(steps):.2f} ms ({min(steps):.2f}-{max(steps):.2f}),"
+    spread = lambda xs: f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+    print(f"  launch {spread(probes)} us, lean {spread(steps)} ms,"
           f" rank correlation {spearman(probes, steps):.2f},"
           f" cores {sorted({r[3] for r in rows})}", flush=True)
 
