@@ -80,8 +80,8 @@ def parent() -> None:
         try:
             argv = [sys.executable, __file__, "--child", name, str(q), c, r, f"{s:d}"]
             blocking = {"CUDA_LAUNCH_BLOCKING": "1"} if r == "eager" else {}
-            done = subprocess.run(argv, env=env | blocking, capture_output=True, text=True,
-                                  timeout=CHILD_TIMEOUT_S)
+            done = subprocess.run(argv, env=env | blocking, capture_output=True,
+                                  text=True, timeout=CHILD_TIMEOUT_S)
             lines = (done.stdout + done.stderr).strip().splitlines() or ["(no output)"]
             rc, last = done.returncode, lines[-1][:120]
         except subprocess.TimeoutExpired:
