@@ -138,7 +138,8 @@ def test_the_pinned_snapshot_is_the_named_one_and_builds_a_corpus():
     assert {"json/__init__.py", "test/test_json/test_dump.py"} <= set(names)
     manifest = S.manifest()
     assert manifest.startswith(f"CPython {S.CPYTHON}:")
-    assert f"kept {len(files)} files" in manifest
+    assert f"kept {len(files)} files, left out {len(S.left_out())}" in manifest
+    assert ("test/test_source_encoding.py", "not UTF-8") in S.left_out()
     assert "Python Software Foundation" in (base.parent / S.LICENSE).read_text()
     # a smoke slice through corpus.build, unchanged: every 20th file held out
     small = files[:200:5]

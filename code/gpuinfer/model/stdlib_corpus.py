@@ -202,6 +202,12 @@ def manifest() -> str:
     return (_unpacked()[0] / MANIFEST).read_text(encoding="utf-8")
 
 
+def left_out() -> list[tuple[str, str]]:
+    """The files of the release's Lib/ that the snapshot leaves out: (path, why)."""
+    section = manifest().split("\n# left out\n", 1)[1]
+    return [tuple(line.split("\t", 1)) for line in section.splitlines() if line]
+
+
 if __name__ == "__main__":  # python -m gpuinfer.model.stdlib_corpus freeze
     import sys
 
