@@ -12,7 +12,7 @@ installed there.
 
 `select` decides which files enter, in sorted order of their path under `Lib/`:
 
-* not site-packages or bytecode caches (`corpus._py_files_under`), nor the
+* not site-packages or bytecode caches (`py_sources`), nor the
   `_sysconfigdata_*` module, which the build generates for one machine;
 * only files that decode as UTF-8 (a few tests are Latin-1 or KOI8-R on purpose);
 * no file whose bytes equal an earlier file's (empty `__init__.py` files, mostly);
@@ -42,7 +42,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuinfer.model.corpus import _py_files_under
 
 CPYTHON = "3.11.7"  # the release whose Lib/ the snapshot holds
 SNAPSHOT = Path(__file__).with_name("stdlib_snapshot.tar.xz")
@@ -54,6 +53,18 @@ NEAR_DUPLICATE = 0.8  # share of a file's shingles seen before that makes it a d
 SHINGLE = 8  # tokens per shingle
 _MIN_SHINGLES = 20  # a file with fewer is too short to call a near-duplicate
 _WORDS = re.compile(r"\w+|[^\w\s]")  # the tokens of a shingle: words and punctuation
+_NOT_SOURCES = {"site-packages", "dist-packages", "__pycache__"}
+
+
+def py_sources(root: Path) -> list[str]:
+    """The .py files below `root`, as paths relative to it in sorted order. Installed
+    packages (site-packages) and bytecode caches are not the library's sources."""
+    names = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in _NOT_SOURCES]  # pruned: never entered
+        under = Path(folder).relative_to(root)
+        names += [(under / f).as_posix() for f in files if f.endswith(".py")]
+    return sorted(names)
 
 
 @dataclass(frozen=True)
@@ -77,7 +88,7 @@ def select(root: Path | str) -> Selection:
     """The .py files under the standard library folder `root` that enter the corpus, and
     the others with the reason each is left out (see the module's docstring)."""
     root = Path(root)
-    names = sorted(p.relative_to(root).as_posix() for p in _py_files_under(root))
+    names = py_sources(root)
     kept, skipped = [], []
     digests: dict[bytes, str] = {}
     seen: set[int] = set()
@@ -179,7 +190,7 @@ def unpack(folder: Path | str, path: Path | str = SNAPSHOT,
     with tarfile.open(fileobj=io.BytesIO(lzma.decompress(packed))) as tar:
         tar.extractall(folder, filter="data")
     sources = folder / SOURCES
-    return sorted(_py_files_under(sources), key=lambda p: p.relative_to(sources).as_posix())
+    return [sources / name for name in py_sources(sources)]
 
 
 @functools.cache
