@@ -156,9 +156,22 @@ def test_the_books_triton_kernels_are_ours_and_judged_by_what_they_compute(raw, 
     assert KN.kind_of(raw) == kind and KN.origin(raw) == "ours"
 
 
+# Kernels no chapter runs yet, by module: `kernel_names.OURS` names them once a chapter
+# does (a change to OURS stales every chapter that reaches it, so it waits for theirs).
+NOT_YET_IN_A_CHAPTER = {
+    "pass_mma": {"gemv_pass_kernel", "gemv_silu_pass_kernel"},
+    "pass_mma_heads": {"qkv_rope_pass_kernel", "lm_head_pass_kernel"},
+    "eight_bit_gemv": {"gemv8_kernel", "gemv8_silu_kernel"},
+    "attention_block": {"qkv_rope_attention_kernel"},
+}
+# ... and the decoders that would bring them into a chapter
+NOT_YET_IN_A_CHAPTER_DECODERS = ("triton_pass", "triton_step8")
+
+
 def test_every_kernel_the_book_launches_is_known_to_the_trace():
     """A Triton kernel's trace name is its function's: each `@triton.jit` function named
-    *_kernel in gpuinfer.kernels (the ones launched) has its entry in kernel_names.OURS."""
+    *_kernel in gpuinfer.kernels (the ones launched) has its entry in kernel_names.OURS,
+    but for those of modules no chapter imports yet (`NOT_YET_IN_A_CHAPTER`)."""
     import ast
 
     kernels_dir = Path(KN.__file__).parents[1] / "kernels"  # gpuinfer/kernels
@@ -168,7 +181,19 @@ def test_every_kernel_the_book_launches_is_known_to_the_trace():
         if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel")
         and any("jit" in ast.unparse(d) for d in node.decorator_list)
     }
-    assert launched == set(KN.OURS)
+    waiting = set().union(*NOT_YET_IN_A_CHAPTER.values())
+    assert launched - waiting == set(KN.OURS)
+    assert waiting <= launched  # no stale entry: a renamed kernel must be named here too
+
+
+def test_no_chapter_runs_a_kernel_the_trace_does_not_know_yet():
+    """The modules of `NOT_YET_IN_A_CHAPTER` and their decoders appear in no chapter: the
+    day one does, its kernels go into kernel_names.OURS and out of that list."""
+    book = Path(__file__).parents[1] / "book"
+    modules = (*NOT_YET_IN_A_CHAPTER, *NOT_YET_IN_A_CHAPTER_DECODERS)
+    for chapter in sorted(book.glob("*.md")):
+        text = chapter.read_text(encoding="utf8")
+        assert not [m for m in modules if m in text], chapter.name
 
 
 @pytest.mark.parametrize("name, kind", [
