@@ -10,7 +10,6 @@ import importlib
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -32,26 +31,10 @@ from gpuinfer.kernels.common import Workspace, pdl_supported  # noqa: E402
 from gpuinfer.kernels.gemv import GemvConfig  # noqa: E402
 from gpuinfer.model.quant import quantize_int8  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from kernel_checks import (  # noqa: E402,F401
+    DEVICE, fixed_randn, quiet_numpy, rel_err)
 PDL = pdl_supported(DEVICE)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
-
-
-@pytest.fixture(autouse=True)
-def quiet_numpy():
-    with warnings.catch_warnings():  # the interpreter's exp overflows to inf, as meant
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
-
-
-def rel_err(out, ref):
-    out, ref = out.double().cpu(), ref.double().cpu()
-    return float((out - ref).norm() / ref.norm())
-
-
-def randn(*shape, dtype=torch.float32, scale=1.0, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
 
 
 def rotary_tables(capacity, head_dim, dtype, theta=500000.0):
@@ -66,12 +49,12 @@ class Layer:
 
     def __init__(self, heads, kv, d, hidden, capacity, dtype, int8=False):
         self.heads, self.kv, self.d = heads, kv, d
-        w = randn((heads + 2 * kv) * d, hidden, dtype=dtype, scale=0.1, seed=1)
+        w = fixed_randn((heads + 2 * kv) * d, hidden, dtype=dtype, scale=0.1, seed=1)
         self.w = quantize_int8(w) if int8 else w
-        self.x = randn(hidden, dtype=dtype, seed=2)
-        self.norm = randn(hidden, dtype=dtype, scale=0.1, seed=3) + 1
-        self.k_cache = randn(kv, capacity, d, dtype=dtype, seed=4)
-        self.v_cache = randn(kv, capacity, d, dtype=dtype, seed=5)
+        self.x = fixed_randn(hidden, dtype=dtype, seed=2)
+        self.norm = fixed_randn(hidden, dtype=dtype, scale=0.1, seed=3) + 1
+        self.k_cache = fixed_randn(kv, capacity, d, dtype=dtype, seed=4)
+        self.v_cache = fixed_randn(kv, capacity, d, dtype=dtype, seed=5)
         self.cos, self.sin = rotary_tables(capacity, d, dtype)
 
     def chain(self, slot, config):

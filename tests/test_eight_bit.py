@@ -7,7 +7,6 @@ import importlib
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -32,30 +31,14 @@ from gpuinfer.kernels.eight_bit import fp8_rows  # noqa: E402
 from gpuinfer.kernels.gemv import GemvConfig  # noqa: E402
 
 E = eight_bit_gemv
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from kernel_checks import (  # noqa: E402,F401
+    DEVICE, fixed_randn, quiet_numpy, rel_err)
 CAP = torch.cuda.get_device_capability() if DEVICE == "cuda" else (9, 0)
 FMTS = [f for f in eight_bit.FORMATS if f != "fp8_cvt" or CAP >= (8, 9)]
 
 
-@pytest.fixture(autouse=True)
-def quiet_numpy():
-    with warnings.catch_warnings():  # the interpreter's exp overflows to inf, as meant
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
-
-
-def rel_err(out, ref):
-    out, ref = out.double().cpu(), ref.double().cpu()
-    return float((out - ref).norm() / ref.norm())
-
-
-def randn(*shape, dtype=torch.float32, scale=1.0, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
-
-
 def weights(fmt, n, k, seed):
-    w = randn(n, k, dtype=torch.bfloat16, seed=seed, scale=0.05)
+    w = fixed_randn(n, k, dtype=torch.bfloat16, seed=seed, scale=0.05)
     return fp8_rows(w) if fmt.startswith("fp8") else quant.quantize_int8(w)
 
 
@@ -68,9 +51,9 @@ DTYPES = [torch.float32, torch.bfloat16]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k,config", ODD)
 def test_gemv8_matches_its_reference(fmt, dtype, n, k, config):
-    w, x = weights(fmt, n, k, seed=n + k), randn(k, dtype=dtype, seed=1)
-    norm = randn(k, dtype=dtype, scale=0.1, seed=2) + 1
-    res = randn(n, dtype=dtype, seed=3)
+    w, x = weights(fmt, n, k, seed=n + k), fixed_randn(k, dtype=dtype, seed=1)
+    norm = fixed_randn(k, dtype=dtype, scale=0.1, seed=2) + 1
+    res = fixed_randn(n, dtype=dtype, seed=3)
     fold, ahead = (1, False) if fmt == "dp4a" else (4, config.block_k == 64)
     out = E.gemv8(w, x, norm=norm, residual=res, config=config, format=fmt, fold=fold,
                   ahead=ahead)
@@ -84,8 +67,8 @@ def test_gemv8_matches_its_reference(fmt, dtype, n, k, config):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gemv8_silu_matches_its_reference(fmt, dtype):
     n, k, config = 21, 172, GemvConfig(8, 64)
-    w, x = weights(fmt, 2 * n, k, seed=5), randn(k, dtype=dtype, seed=6)
-    norm = randn(k, dtype=dtype, scale=0.1, seed=7) + 1
+    w, x = weights(fmt, 2 * n, k, seed=5), fixed_randn(k, dtype=dtype, seed=6)
+    norm = fixed_randn(k, dtype=dtype, scale=0.1, seed=7) + 1
     ahead = fmt != "dp4a"
     out = E.gemv8_silu(w, x, norm=norm, config=config, format=fmt, ahead=ahead)
     ref = E.gemv8_silu_reference(w, x, norm=norm, format=fmt)
@@ -98,8 +81,8 @@ def test_fp8_bits_and_cvt_give_the_same_sums():
     b = torch.arange(256, dtype=torch.int32)
     b = b[(b & 0x7F) != 0x7F].to(torch.uint8)
     q = b.repeat(2)[:2 * 256 - 4].view(4, -1)[:, :124].contiguous()
-    w = eight_bit.Fp8Matrix(q.to(DEVICE), randn(4, scale=0.01, seed=8).abs() + 1e-3)
-    x = randn(124, seed=9)
+    w = eight_bit.Fp8Matrix(q.to(DEVICE), fixed_randn(4, scale=0.01, seed=8).abs() + 1e-3)
+    x = fixed_randn(124, seed=9)
     bits = E.gemv8(w, x, config=GemvConfig(4, 64), format="fp8_bits")
     assert rel_err(bits, E.gemv8_reference(w, x, format="fp8_bits")) <= 1e-6
     if "fp8_cvt" in FMTS:
@@ -110,7 +93,7 @@ def test_fp8_bits_and_cvt_give_the_same_sums():
 def test_fp8_rows_round_trip():
     """e4m3 keeps 3 mantissa bits: a relative error of at most 2^-4 an element in its
     normal range, ~2-3 % of a Gaussian matrix's norm (int8: ~1 %)."""
-    w = randn(256, 2048, seed=10, scale=0.02)
+    w = fixed_randn(256, 2048, seed=10, scale=0.02)
     m = fp8_rows(w)
     assert m.q.dtype == torch.uint8 and m.scale.dtype == torch.float32
     err = rel_err(m.dequantized(), w)
@@ -132,22 +115,22 @@ def test_x_quantized_per_token_as_the_reference():
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: E.gemv8(weights("int8", 8, 16, 1), randn(16), format="fp8_bits"),
+    (lambda: E.gemv8(weights("int8", 8, 16, 1), fixed_randn(16), format="fp8_bits"),
      "takes an Fp8Matrix"),
-    (lambda: E.gemv8(weights("fp8_bits", 8, 16, 1), randn(16), format="int8"),
+    (lambda: E.gemv8(weights("fp8_bits", 8, 16, 1), fixed_randn(16), format="int8"),
      "takes an Int8Matrix"),
-    (lambda: E.gemv8(weights("int8", 8, 16, 1), randn(16), format="int4"), "one of"),
-    (lambda: E.gemv8(weights("int8", 8, 16, 1), randn(2, 16)), "one contiguous"),
-    (lambda: E.gemv8(weights("int8", 8, 16, 1), randn(16).to(torch.float64)),
+    (lambda: E.gemv8(weights("int8", 8, 16, 1), fixed_randn(16), format="int4"), "one of"),
+    (lambda: E.gemv8(weights("int8", 8, 16, 1), fixed_randn(2, 16)), "one contiguous"),
+    (lambda: E.gemv8(weights("int8", 8, 16, 1), fixed_randn(16).to(torch.float64)),
      "FP32, BF16 or FP16"),
-    (lambda: E.gemv8(weights("int8", 8, 18, 1), randn(18), format="dp4a"),
+    (lambda: E.gemv8(weights("int8", 8, 18, 1), fixed_randn(18), format="dp4a"),
      "multiple of 4"),
-    (lambda: E.gemv8(weights("int8", 8, 16, 1), randn(16),
+    (lambda: E.gemv8(weights("int8", 8, 16, 1), fixed_randn(16),
                      config=GemvConfig(8, 16, 2)), "do not split"),
-    (lambda: E.gemv8(weights("int8", 8, 64, 1), randn(64), fold=3), "fold=3"),
-    (lambda: E.gemv8(weights("int8", 8, 64, 1), randn(64), format="dp4a", fold=2),
+    (lambda: E.gemv8(weights("int8", 8, 64, 1), fixed_randn(64), fold=3), "fold=3"),
+    (lambda: E.gemv8(weights("int8", 8, 64, 1), fixed_randn(64), format="dp4a", fold=2),
      "1 for dp4a"),
-    (lambda: E.gemv8_silu(weights("int8", 7, 16, 1), randn(16)), "even number"),
+    (lambda: E.gemv8_silu(weights("int8", 7, 16, 1), fixed_randn(16)), "even number"),
     (lambda: eight_bit.fp8_rows(torch.ones(4, dtype=torch.int8)), "2-D floating"),
     (lambda: eight_bit.check_format("fp8_cvt", 80), "sm_89 or later"),
 ])

@@ -16,7 +16,6 @@ Then the whole Triton step of a reduced Llama on such buffers at pos = capacity 
 past it, interpreted on a CPU, compiled and replayed from a CUDA graph on a GPU.
 """
 
-import warnings
 
 import pytest
 import torch
@@ -33,16 +32,9 @@ from gpuinfer.kernels import qkv_rope as rotary  # noqa: E402
 from gpuinfer.kernels.gemv import GemvConfig  # noqa: E402
 from gpuinfer.model.configs import build_model, model_config  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from kernel_checks import DEVICE, quiet_numpy, randn, rel_err  # noqa: E402,F401
 CAPACITY = 12
 PAST = (CAPACITY, CAPACITY + 5, -3)  # positions outside the cache (and the tokens)
-
-
-@pytest.fixture(autouse=True)
-def quiet_numpy():
-    with warnings.catch_warnings():  # the interpreter's exp overflows to inf, as meant
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
 
 
 class Guarded:
@@ -73,15 +65,6 @@ class Guarded:
 
 def one(pos: int) -> torch.Tensor:
     return torch.tensor([pos], device=DEVICE)
-
-
-def randn(*shape, scale=1.0):
-    return torch.randn(*shape, device=DEVICE) * scale
-
-
-def rel_err(out, ref) -> float:
-    out, ref = out.double().cpu(), ref.double().cpu()
-    return float((out - ref).norm() / ref.norm())
 
 
 # --- q/k/v with rotary: the cache write at slot pos, the rotary tables' row pos ---------

@@ -12,7 +12,6 @@ PyTorch's under the interpreter too.
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -31,33 +30,11 @@ from gpuinfer.kernels import qkv_rope as rotary  # noqa: E402
 from gpuinfer.kernels.gemv import GemvConfig, gemv, gemv_reference  # noqa: E402
 from gpuinfer.kernels.gemv import gemv_silu, gemv_silu_reference, tokens_of  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from kernel_checks import (  # noqa: E402,F401
+    DEVICE, poisoned, quiet_numpy, randn, rel_err)
 PDL = common.pdl_supported(DEVICE)  # on where it runs: an H100/H200
 HALF = (torch.bfloat16, torch.float16)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
-
-
-@pytest.fixture(autouse=True)
-def quiet_numpy():
-    with warnings.catch_warnings():  # the interpreter's exp overflows to inf, as meant
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in FP64: NaN if any element of out is NaN."""
-    out, ref = out.double().cpu(), ref.double().cpu()
-    return float((out - ref).norm() / ref.norm())
-
-
-def randn(*shape, dtype=torch.float32, scale=1.0, seed=None):
-    if seed is not None:
-        torch.manual_seed(seed)
-    return (torch.randn(*shape, device=DEVICE) * scale).to(dtype)
-
-
-def poisoned(*shape, dtype):
-    return torch.full(shape, float("nan"), device=DEVICE, dtype=dtype)
 
 
 def test_pdl_is_off_where_it_cannot_run():

@@ -11,7 +11,6 @@ the kernels multiply in FP32 there (`pass_mma.mma`).
 """
 
 import importlib
-import warnings
 
 import pytest
 import torch
@@ -32,35 +31,14 @@ if common.INTERPRETED:  # ours are not in interpret.MODULES: decorated again, in
     pm = importlib.reload(pm)
     ph = importlib.reload(ph)
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from kernel_checks import (  # noqa: E402,F401
+    DEVICE, poisoned, quiet_numpy, randn, rel_err)
 PDL = common.pdl_supported(DEVICE)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16],
                                  ids=["fp32", "bf16"])
 TOKENS = [2, 3, 5, 8, 16]
 C = pm.MmaConfig
-
-
-@pytest.fixture(autouse=True)
-def quiet_numpy():
-    with warnings.catch_warnings():  # the interpreter's exp overflows to inf, as meant
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
-
-
-def rel_err(out, ref) -> float:
-    out, ref = out.double().cpu(), ref.double().cpu()
-    return float((out - ref).norm() / ref.norm())
-
-
-def randn(*shape, dtype=torch.float32, scale=1.0, seed=None):
-    if seed is not None:
-        torch.manual_seed(seed)
-    return (torch.randn(*shape, device=DEVICE) * scale).to(dtype)
-
-
-def poisoned(*shape, dtype):
-    return torch.full(shape, float("nan"), device=DEVICE, dtype=dtype)
 
 
 def per_token(fn, *rows):

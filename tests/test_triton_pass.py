@@ -10,7 +10,6 @@ a GPU the kernels run under Triton's interpreter (a pass here takes about a seco
 """
 
 import importlib
-import warnings
 
 import pytest
 import torch
@@ -36,7 +35,7 @@ if common.INTERPRETED:  # not in interpret.MODULES: decorated again, in import o
     ph = importlib.reload(ph)
     tp = importlib.reload(tp)
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from kernel_checks import DEVICE, quiet_numpy  # noqa: E402,F401
 C = pm.MmaConfig
 NEW = 12  # interpreted kernels are slow: short generations
 # Split-K in every product (down: three splits, the last short), and the lm_head in
@@ -44,13 +43,6 @@ NEW = 12  # interpreted kernels are slow: short generations
 SPLIT = {"qkv": C(8, 32, split_k=2), "o": C(16, 32, split_k=2),
          "gate_up": C(8, 32, split_k=2), "down": C(16, 64, split_k=3),
          "lm_head": C(16, 64)}
-
-
-@pytest.fixture(autouse=True)
-def quiet_numpy():
-    with warnings.catch_warnings():  # the interpreter's exp overflows to inf, as meant
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
 
 
 def config():

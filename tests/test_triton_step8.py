@@ -5,7 +5,6 @@ another order), and its greedy tokens are that forward's; its bytes count each f
 own; misuse is refused. Under Triton's interpreter without a GPU (PDL off)."""
 
 import importlib
-import warnings
 from dataclasses import replace
 
 import pytest
@@ -35,20 +34,13 @@ from gpuinfer.model.llama import (AS_STORED, INT8, KVCache, forward,  # noqa: E4
                                   rotary_table, weights_of)
 from gpuinfer.model.quant import Int8Matrix  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from kernel_checks import DEVICE, quiet_numpy  # noqa: E402,F401
 CAP = torch.cuda.get_device_capability() if DEVICE == "cuda" else (9, 0)
 FORMATS = [f for f in ("int8", "fp8_bits", "fp8_cvt")
            if f != "fp8_cvt" or CAP >= (8, 9)]
 # o and gate/up in two tiles of 32 columns, down in four of 64: the loops, not one tile
 TILED = {"o": (GemvConfig(32, 32), 8), "gate_up": (GemvConfig(64, 32), 8),
          "down": (GemvConfig(32, 64), 16)}
-
-
-@pytest.fixture(autouse=True)
-def quiet_numpy():
-    with warnings.catch_warnings():  # the interpreter's exp overflows to inf, as meant
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,43 @@
+"""What the kernel tests share: the device they run on, outputs poisoned with NaN, the
+relative error of an output, seeded random inputs, and NumPy kept quiet under Triton's
+interpreter (`quiet_numpy`: import it into a test module and it applies to every test
+there)."""
+
+import warnings
+
+import pytest
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def quiet_numpy():
+    with warnings.catch_warnings():  # the interpreter's exp overflows to inf, as meant
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in FP64: NaN if any element of out is NaN."""
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return float((out - ref).norm() / ref.norm())
+
+
+def randn(*shape, dtype=torch.float32, scale=1.0, seed=None):
+    """Normal values drawn on the device, after seeding torch's generator if `seed`."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    return (torch.randn(*shape, device=DEVICE) * scale).to(dtype)
+
+
+def fixed_randn(*shape, dtype=torch.float32, scale=1.0, seed=0):
+    """Normal values drawn on the CPU from a generator of their own: the same values on
+    every device, and torch's global generator left alone."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
+
+
+def poisoned(*shape, dtype):
+    """An output buffer of NaN: an element a kernel fails to write fails the test."""
+    return torch.full(shape, float("nan"), device=DEVICE, dtype=dtype)
