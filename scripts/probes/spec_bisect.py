@@ -70,12 +70,7 @@ def parent() -> None:
     env = dict(os.environ)
     here = os.path.dirname(os.path.abspath(__file__))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
-    seen = set()
-    for case in CASES:
-        if case in seen:
-            continue
-        seen.add(case)
-        name, q, c, r, s = case
+    for name, q, c, r, s in dict.fromkeys(CASES):  # each case once, in order
         t0 = time.perf_counter()
         try:
             argv = [sys.executable, __file__, "--child", name, str(q), c, r, f"{s:d}"]
