@@ -7,7 +7,8 @@ import torch
 
 from gpuinfer.measure import timing
 from gpuinfer.measure.timing import HostClockWarning, Timing, benchmark
-from gpuinfer.measure.rounds import Rounds, decode_rounds, interleaved_rounds, time_call
+from gpuinfer.measure.rounds import (Rounds, at_fast_pace, decode_rounds, interleaved_rounds,
+                                     paced_rounds, time_call)
 
 
 def test_wall_seconds_returns_the_result_and_its_time():
@@ -122,6 +123,39 @@ def test_interleaved_rounds_divide_by_the_work_per_call(monkeypatch):
                                     warmup=0, per_call=10)
     assert rounds.times_ms["slow"] == pytest.approx((4.0, 4.0))
     assert rounds.times_ms["fast"] == pytest.approx((1.0, 1.0))
+
+
+def test_paced_rounds_read_the_pace_before_each_call_untimed(monkeypatch):
+    now, calls = [0.0], []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+
+    def takes(name, ms):
+        def fn():
+            calls.append(name)
+            now[0] += ms / 1e3
+        return fn
+
+    def pace():  # slow to read, and its reading says which call comes next
+        now[0] += 1.0
+        calls.append("pace")
+        return float(len(calls))
+
+    with pytest.warns(HostClockWarning):
+        timed, paces = paced_rounds({"a": takes("a", 4), "b": takes("b", 2)}, pace,
+                                    rounds=2, warmup=1, per_call=2)
+    assert calls == ["a", "b", "pace", "a", "pace", "b", "pace", "b", "pace", "a"]
+    assert timed.times_ms["a"] == pytest.approx((2.0, 2.0))  # ms per unit of work
+    assert timed.times_ms["b"] == pytest.approx((1.0, 1.0))
+    assert paces.times_ms == {"a": (3.0, 9.0), "b": (5.0, 7.0)}
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        paced_rounds({"a": takes("a", 1)}, pace, rounds=0)
+
+
+def test_at_fast_pace_splits_the_readings_at_the_fastest_among_all():
+    assert at_fast_pace([7.0, 7.9, 8.1, 10.3]) == [True, True, False, False]
+    assert at_fast_pace([8.0, 10.0], among=[7.0, 8.0, 10.0]) == [True, False]
+    assert at_fast_pace([8.0], among=[7.0], margin=0.1) == [False]
+    assert at_fast_pace([]) == []
 
 
 def test_separated_spreads_give_a_ratio():

@@ -93,6 +93,46 @@ def interleaved_rounds(fns: dict[Hashable, Callable[[], object]], *, rounds: int
     return Rounds({name: tuple(t) for name, t in times.items()}, clock)
 
 
+def paced_rounds(fns: dict[Hashable, Callable[[], object]], pace: Callable[[], float], *,
+                 rounds: int = 5, warmup: int = 0, per_call: float = 1.0
+                 ) -> tuple[Rounds, Rounds]:
+    """`interleaved_rounds`, with the host's pace read before every timed call: `pace()`
+    (e.g. a short launch probe) runs untimed right before each call, so that a host-bound
+    time can be set beside the pace the host ran it at. Returns the calls' Rounds and the
+    pace readings as Rounds of the same shape (in pace()'s unit). A host switches between
+    paces for seconds at a time; a reading per call, rather than per round, follows it
+    through rounds of long calls. (`interleaved_rounds` is this without the readings.)"""
+    if rounds < 1 or warmup < 0 or not fns:
+        raise ValueError(f"need rounds >= 1, warmup >= 0 and variants, got {rounds=} "
+                         f"{warmup=} and {len(fns)} variants")
+    if not torch.cuda.is_available():
+        warnings.warn("no CUDA device: timing with the host clock (smoke mode, not a GPU "
+                      "measurement)", HostClockWarning, stacklevel=2)
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    times: dict[Hashable, list[float]] = {name: [] for name in names}
+    paces: dict[Hashable, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            paces[name].append(pace())
+            times[name].append(time_call(fns[name]) / per_call)
+    clock = "cuda-event" if torch.cuda.is_available() else "host"
+    return (Rounds({name: tuple(t) for name, t in times.items()}, clock),
+            Rounds({name: tuple(t) for name, t in paces.items()}, "pace"))
+
+
+def at_fast_pace(readings, among=None, *, margin: float = 0.15) -> list[bool]:
+    """Which pace readings (e.g. µs per launch; lower is faster) lie within `margin` of the
+    fastest reading `among` all those taken (default: these): the host's fast pace. The
+    others ran at a slower one."""
+    readings = list(readings)
+    fastest = min(readings if among is None else list(among), default=float("inf"))
+    return [x <= (1 + margin) * fastest for x in readings]
+
+
 def decode_rounds(generates: dict[Hashable, Callable[[torch.Tensor, int], object]],
                   prompt_ids: torch.Tensor, new_tokens: int, *, rounds: int = 5,
                   warmup: int = 0) -> tuple[Rounds, Rounds]:
