@@ -14,6 +14,7 @@ axes, one at a time from a case that works:
 An eager child runs with CUDA_LAUNCH_BLOCKING=1, so the failing kernel is the one named
 (a graphed one without: its replay reports the fault at the next synchronize).
 Usage on the GPU: PYTHONPATH=code python scripts/probes/spec_bisect.py  (~3-4 min)
+Skip the first N cases: ... spec_bisect.py --from N
 A child alone: ... spec_bisect.py --child "one tile w8" 5 ahead graph 0
 """
 
@@ -66,11 +67,14 @@ CASES += [("one tile w8", q, c, r, s) for q in (5,) for c in ("ahead", "launch")
           for r in ("eager", "graph") for s in (False, True)]
 
 
-def parent() -> None:
+def parent(first: int = 0) -> None:
     env = dict(os.environ)
     here = os.path.dirname(os.path.abspath(__file__))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
-    for name, q, c, r, s in dict.fromkeys(CASES):  # each case once, in order
+    cases = list(dict.fromkeys(CASES))  # each case once, in order
+    # the cases with several decoders first: the fault was seen there
+    cases = [k for k in cases if k[4]] + [k for k in cases if not k[4]]
+    for name, q, c, r, s in cases[first:]:
         t0 = time.perf_counter()
         try:
             argv = [sys.executable, __file__, "--child", name, str(q), c, r, f"{s:d}"]
@@ -90,5 +94,5 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         name, q, c, r, s = sys.argv[2:7]
         child(name, int(q), c, r, bool(int(s)))
-    else:
-        parent()
+    else:  # `--from N` skips the first N cases (a rerun after a cut)
+        parent(int(sys.argv[2]) if sys.argv[1:2] == ["--from"] else 0)
