@@ -43,7 +43,7 @@ On the H200 the defaults take about 3 minutes (the target trains at about 9 step
 second, the draft at about 70). A distillation step adds the target's forward over the
 draft's 64 windows of 512, about two thirds of a target training step (a third of one
 per window, the target's batch being 32): ~7-9 steps per second. So
-`--target-steps 494 --draft-steps 247,494 --distill --mix 0,0.5` takes 4.3 to 5.2 minutes
+`--target-steps 494 --draft-steps 247,494 --distill --mix 0,0.5` takes 4.3-5.2 minutes
 (see NOTES-57-corpus.md). --smoke runs tiny models for a few steps on the CPU on a slice
 of the corpus: a test of the code path, not a measurement.
 """
