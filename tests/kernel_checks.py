@@ -41,3 +41,30 @@ def fixed_randn(*shape, dtype=torch.float32, scale=1.0, seed=0):
 def poisoned(*shape, dtype):
     """An output buffer of NaN: an element a kernel fails to write fails the test."""
     return torch.full(shape, float("nan"), device=DEVICE, dtype=dtype)
+
+
+def graphed_chain_error(product, reference, *, scale, links=10, n=1024):
+    """`links` dependent BF16 products of n × n weights, each reading the last one's output
+    (product(w, x, out)), captured in a CUDA graph with their outputs poisoned before
+    the replay: the relative error of the chain's last output against `reference`
+    applied link by link. A PDL wait that fails to order the links shows here."""
+    ws = [randn(n, n, dtype=torch.bfloat16, seed=i, scale=scale) for i in range(links)]
+    x0 = randn(n, dtype=torch.bfloat16)
+    bufs = [x0.clone()] + [poisoned(n, dtype=torch.bfloat16) for _ in ws]
+
+    def chain():
+        for i, w in enumerate(ws):
+            product(w, bufs[i], bufs[i + 1])
+
+    chain()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for b in bufs[1:]:
+        b.fill_(float("nan"))
+    graph.replay()
+    ref = x0
+    for w in ws:
+        ref = reference(w, ref)
+    return rel_err(bufs[-1], ref)

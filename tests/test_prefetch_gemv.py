@@ -19,7 +19,8 @@ from gpuinfer.kernels.prefetch_gemv import (SHARED_LIMIT, prefetch_gemv,
                                             prefetch_gemv_reference, shared_bytes)
 from gpuinfer.model.quant import quantize_int8
 
-from kernel_checks import DEVICE, poisoned, quiet_numpy, randn, rel_err  # noqa: F401
+from kernel_checks import (DEVICE, graphed_chain_error, poisoned,  # noqa: F401
+                           quiet_numpy, randn, rel_err)
 
 BF = torch.bfloat16
 HOPPER = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
@@ -198,24 +199,8 @@ def test_pdl_chain_in_a_cuda_graph():
     """Ten dependent products, each reading the last one's output, launched with PDL
     and replayed from a CUDA graph: each program's copies run before its wait, its
     reads of x after it."""
-    ws = [randn(1024, 1024, dtype=BF, seed=i, scale=1024 ** -0.5) for i in range(10)]
-    x0 = randn(1024, dtype=BF)
-    bufs = [x0.clone()] + [poisoned(1024, dtype=BF) for _ in ws]
+    def product(w, x, out):
+        prefetch_gemv(w, x, out, stages=2, block_n=8, block_k=256, pdl=True)
 
-    def chain():
-        for i, w in enumerate(ws):
-            prefetch_gemv(w, bufs[i], bufs[i + 1], stages=2, block_n=8, block_k=256,
-                          pdl=True)
-
-    chain()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        chain()
-    for b in bufs[1:]:
-        b.fill_(float("nan"))
-    graph.replay()
-    ref = x0
-    for w in ws:
-        ref = prefetch_gemv_reference(w, ref)
-    assert rel_err(bufs[-1], ref) <= 2e-2
+    assert graphed_chain_error(product, prefetch_gemv_reference,
+                               scale=1024 ** -0.5) <= 2e-2
