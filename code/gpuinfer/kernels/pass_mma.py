@@ -27,16 +27,17 @@ within tolerance, not to the bit, and a pass's logits are not the steps' logits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
 
-from gpuinfer.kernels.common import (Workspace, launch_options, pdl_wait, round_to,
-                                     split_k_sum)
+from gpuinfer.kernels.common import (Workspace, check_pow2, launch_options, pdl_wait,
+                                     round_to, split_k_sum)
+from gpuinfer.kernels.mma_dot import mma
 from gpuinfer.kernels.gemv import GemvConfig, workspace_for
-from gpuinfer.kernels.tile import INTERPRET, normed, prefetch, widen
+from gpuinfer.kernels.tile import normed, prefetch
 from gpuinfer.model.quant import Int8Matrix, unpack
 
 MAX_TOKENS = 16  # a pass's rows: the MMA's 16 (Triton pads fewer)
@@ -47,22 +48,31 @@ class MmaConfig(GemvConfig):
     """Tiling of a pass's product: block_n rows of W a program (pairs for the paired
     epilogues), the MMA's N side; block_k columns a tile, at least the MMA's 16;
     split_k, num_warps, num_stages as `GemvConfig`'s (stages > 1 let Triton pipeline
-    the tiles after the first)."""
+    the tiles after the first); chains: independent MMA accumulators a tile, each
+    summing block_k / chains of its columns (a tile's MMAs in one chain wait for each
+    other: 64 in a row over 1024 columns)."""
 
     block_n: int = 8
     block_k: int = 1024
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 1
+    chains: int = 1
 
     def __post_init__(self):
         super().__post_init__()
         if self.block_k < 16:
             raise ValueError(f"block_k={self.block_k}: a tl.dot's K is at least 16")
+        check_pow2(chains=self.chains)
+        if self.block_k < 16 * self.chains:
+            raise ValueError(f"chains={self.chains} for block_k={self.block_k}: each "
+                             "chain takes at least 16 columns (block_k >= 16 chains)")
 
     def fit(self, k: int) -> MmaConfig:
-        """As `GemvConfig.fit`, never narrower than the MMA's 16 columns."""
-        return super().fit(max(k, 16))
+        """As `GemvConfig.fit`, never narrower than the MMA's 16 columns, with no
+        more chains than the fitted tile has 16 columns."""
+        block_k = min(self.block_k, triton.next_power_of_2(max(k, 16)))
+        return replace(self, block_k=block_k, chains=min(self.chains, block_k // 16))
 
 
 def pass_tokens(x: torch.Tensor, k: int) -> int:
@@ -91,21 +101,6 @@ def check_weights(w: torch.Tensor, x: torch.Tensor):
 
 
 @triton.jit
-def mma(x, w, acc):
-    """acc + x (M, BK) @ w (BN, BK)ᵀ in FP32. Int8 weights are widened through their
-    bits (`widen`, exact) and go to x's dtype, which holds every int8 value exactly."""
-    if w.dtype.is_int8():
-        w = widen(w, True)
-    if INTERPRET:  # the interpreter's dot takes no BF16
-        return tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc,
-                      input_precision="ieee")
-    w = w.to(x.dtype)
-    if x.dtype == tl.float32:  # the chapter's FP32 checks: no TF32 rounding
-        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-    return tl.dot(x, tl.trans(w), acc)
-
-
-@triton.jit
 def x_tile(x_ptr, K, cols, k_hi, tt, tok, g, rstd, NORM: tl.constexpr):
     """The pass's x[tt, cols] (M, BK) in x's dtype, RMSNorm'ed per token if NORM (g the
     tile's norm weights, rstd (M,) each token's), rounded as PyTorch rounds it."""
@@ -121,7 +116,7 @@ def x_tile(x_ptr, K, cols, k_hi, tt, tok, g, rstd, NORM: tl.constexpr):
 def pass_dot(w, g, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, norm_ptr, eps,
              NORM: tl.constexpr, K_NORM: tl.constexpr, BLOCK_K: tl.constexpr,
              N_TILES: tl.constexpr, N_NORM: tl.constexpr, ROWS: tl.constexpr,
-             M: tl.constexpr):
+             M: tl.constexpr, CHAINS: tl.constexpr):
     """(M, BN) FP32: row t < ROWS the sums over k in [k_lo, k_hi) of xn[t, k] W[rows, k]
     (xn: x or RMSNorm(x)), given the prefetched first tile (w, g); rows past ROWS zero.
     RMSNorm needs each token's sum of squares over all of K first: one load of x when
@@ -136,7 +131,7 @@ def pass_dot(w, g, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, norm_p
         x = tl.load(x_ptr + tt * K + cols[None, :], mask=tok & (cols < K)[None, :],
                     other=0.0).to(tl.float32)
         rstd = tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(x * x, axis=1) / K + eps))
-        acc = mma(normed(x, g[None, :], rstd[:, None], dt).to(dt), w, acc)
+        acc = mma(normed(x, g[None, :], rstd[:, None], dt).to(dt), w, acc, CHAINS)
     else:
         if NORM:
             ss = tl.zeros((M,), tl.float32)
@@ -146,7 +141,8 @@ def pass_dot(w, g, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, norm_p
                             other=0.0).to(tl.float32)
                 ss += tl.sum(x * x, axis=1)
             rstd = tl.math.div_rn(1.0, tl.sqrt_rn(ss / K + eps))
-        acc = mma(x_tile(x_ptr, K, cols, k_hi, tt, tok, g, rstd, NORM), w, acc)
+        acc = mma(x_tile(x_ptr, K, cols, k_hi, tt, tok, g, rstd, NORM), w, acc,
+                  CHAINS)
         w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
         for i in range(1, N_TILES):
             cols = k_lo + i * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -154,7 +150,8 @@ def pass_dot(w, g, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, norm_p
                         mask=row_mask[:, None] & (cols < k_hi)[None, :], other=0.0)
             if NORM:
                 g = tl.load(norm_ptr + cols, mask=cols < k_hi, other=0.0).to(tl.float32)
-            acc = mma(x_tile(x_ptr, K, cols, k_hi, tt, tok, g, rstd, NORM), w, acc)
+            acc = mma(x_tile(x_ptr, K, cols, k_hi, tt, tok, g, rstd, NORM), w, acc,
+                      CHAINS)
     return acc
 
 
@@ -164,7 +161,8 @@ def gemv_pass_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, res_ptr, norm_ptr, ws_ptr
                      NORM: tl.constexpr, SCALED: tl.constexpr, RESIDUAL: tl.constexpr,
                      K_NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      N_TILES: tl.constexpr, N_NORM: tl.constexpr,
-                     SPLIT_K: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
+                     SPLIT_K: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr,
+                     CHAINS: tl.constexpr):
     """out = [res +] [RMSNorm](x) Wᵀ for the ROWS tokens of x (ROWS, K). out may be
     res itself: each program reads and writes only its own columns of it."""
     block = tl.program_id(0)
@@ -183,7 +181,7 @@ def gemv_pass_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, res_ptr, norm_ptr, ws_ptr
     if RESIDUAL:  # now, in the shadow of the weights
         res = tl.load(res_ptr + tt * N + rows[None, :], mask=mask).to(tl.float32)
     y = pass_dot(w, g, w_ptr, stride_w, rows, valid, x_ptr, K, k_lo, k_hi, norm_ptr,
-                 eps, NORM, K_NORM, BLOCK_K, N_TILES, N_NORM, ROWS, M)
+                 eps, NORM, K_NORM, BLOCK_K, N_TILES, N_NORM, ROWS, M, CHAINS)
     if SCALED:  # a row's scale, the same for every column: on the sums
         y = y * s[None, :]
     at = tt * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -203,7 +201,8 @@ def gemv_silu_pass_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, norm_ptr, ws_ptr, cn
                           K_NORM: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           N_TILES: tl.constexpr, N_NORM: tl.constexpr,
-                          SPLIT_K: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
+                          SPLIT_K: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr,
+                     CHAINS: tl.constexpr):
     """out[t, j] = SiLU(gate_j) * up_j for W = [gate; up] (2N rows) and each token t:
     tile row 2i is gate row j, 2i + 1 up row j, both in one MMA (N side 2 BLOCK_N)."""
     block = tl.program_id(0)
@@ -219,7 +218,7 @@ def gemv_silu_pass_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, norm_ptr, ws_ptr, cn
     M: tl.constexpr = triton.next_power_of_2(ROWS)
     tt = tl.arange(0, M)[:, None]
     y = pass_dot(w, g, w_ptr, stride_w, rows, j < N, x_ptr, K, k_lo, k_hi, norm_ptr,
-                 eps, NORM, K_NORM, BLOCK_K, N_TILES, N_NORM, ROWS, M)
+                 eps, NORM, K_NORM, BLOCK_K, N_TILES, N_NORM, ROWS, M, CHAINS)
     if SCALED:
         y = y * s[None, :]
     at = tt * (2 * BLOCK_N) + r[None, :]
@@ -239,7 +238,8 @@ def tiles_args(config: MmaConfig, k: int, norm) -> dict:
     """The tiling's compile-time arguments for K = k columns."""
     return dict(NORM=norm is not None, K_NORM=triton.next_power_of_2(k),
                 BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                N_TILES=config.tiles(k), N_NORM=triton.cdiv(k, config.block_k))
+                N_TILES=config.tiles(k), N_NORM=triton.cdiv(k, config.block_k),
+                CHAINS=config.chains)
 
 
 def gemv_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor,

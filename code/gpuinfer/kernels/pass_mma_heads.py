@@ -39,7 +39,8 @@ def qkv_rope_pass_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, q_ptr, k_cache_ptr,
                          SCALED: tl.constexpr, K_NORM: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                          N_TILES: tl.constexpr, N_NORM: tl.constexpr,
-                         SPLIT_K: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
+                         SPLIT_K: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr,
+                         CHAINS: tl.constexpr):
     HALF: tl.constexpr = HEAD_DIM // 2
     N_PAIRS: tl.constexpr = (N_HEADS + 2 * N_KV) * HALF
     block = tl.program_id(0)
@@ -68,7 +69,8 @@ def qkv_rope_pass_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, q_ptr, k_cache_ptr,
     sin_lo = tl.load(sin_ptr + table).to(tl.float32)
     sin_hi = tl.load(sin_ptr + table + HALF).to(tl.float32)
     y = pass_dot(w, g, w_ptr, stride_w, rows, p < N_PAIRS, x_ptr, K, k_lo, k_hi,
-                 norm_ptr, eps, NORM, K_NORM, BLOCK_K, N_TILES, N_NORM, ROWS, M)
+                 norm_ptr, eps, NORM, K_NORM, BLOCK_K, N_TILES, N_NORM, ROWS, M,
+                 CHAINS)
     if SCALED:
         y = y * s[None, :]
     at = rr[:, None] * (2 * BLOCK_N) + r[None, :]
@@ -110,7 +112,7 @@ def lm_head_pass_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, logits_ptr, best_ptr,
                         BLOCK_K: tl.constexpr, N_TILES: tl.constexpr,
                         N_NORM: tl.constexpr, BLOCK_R: tl.constexpr,
                         N_CHUNKS: tl.constexpr, INLINE: tl.constexpr, PDL: tl.constexpr,
-                        ROWS: tl.constexpr, ACCEPT: tl.constexpr):
+                        ROWS: tl.constexpr, ACCEPT: tl.constexpr, CHAINS: tl.constexpr):
     block = tl.program_id(0)
     blocks = tl.num_programs(0)
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -120,7 +122,7 @@ def lm_head_pass_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, logits_ptr, best_ptr,
     M: tl.constexpr = triton.next_power_of_2(ROWS)
     rr = tl.arange(0, M)
     y = pass_dot(w, g, w_ptr, stride_w, rows, rows < N, x_ptr, K, 0, K, norm_ptr, eps,
-                 NORM, K_NORM, BLOCK_K, N_TILES, N_NORM, ROWS, M)
+                 NORM, K_NORM, BLOCK_K, N_TILES, N_NORM, ROWS, M, CHAINS)
     if SCALED:
         y = y * s[None, :]
     dt = logits_ptr.dtype.element_ty
