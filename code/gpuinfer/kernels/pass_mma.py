@@ -35,8 +35,8 @@ import triton.language as tl
 
 from gpuinfer.kernels.common import (Workspace, check_pow2, launch_options, pdl_wait,
                                      round_to, split_k_sum)
-from gpuinfer.kernels.mma_dot import mma
 from gpuinfer.kernels.gemv import GemvConfig, workspace_for
+from gpuinfer.kernels.mma_dot import mma
 from gpuinfer.kernels.tile import normed, prefetch
 from gpuinfer.model.quant import Int8Matrix, unpack
 
