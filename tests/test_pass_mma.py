@@ -254,7 +254,8 @@ for sm in aot.TARGETS:
     if sm == 90:
         runs.append(("target", target, torch.float32, False))
     for label, cfg, dt, int8 in runs:
-        c = mma_configs(cfg, gpu=True, weights="int8" if int8 else "bf16")
+        c = mma_configs(cfg, gpu=True, weights="int8" if int8 else
+                        "fp32" if dt == torch.float32 else "bf16")
         t = lambda *s, d=dt: torch.empty(s, dtype=d)
         m = lambda n, k: Int8Matrix(t(n, k, d=torch.int8), t(n)) if int8 else t(n, k)
         h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size

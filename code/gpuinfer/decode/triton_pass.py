@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import torch
 import triton
 
 from gpuinfer.decode.interface import check_keys
@@ -70,7 +71,8 @@ class MmaPassDecoder(TritonDecoder):
                                  "(kernels.pass_mma)")
         super().__init__(model, batch, capacity, max_query=max_query, **options)
         shape = self._shape()
-        weights = "int8" if self.quantized else "bf16"
+        weights = "int8" if self.quantized else \
+            "fp32" if self.xs.dtype == torch.float32 else "bf16"
         tiling = {**mma_configs(shape, self.on_gpu, weights), **(pass_tiling or {})}
         ks = {"qkv": shape.hidden_size, "o": self.n_heads * self.head_dim,
               "gate_up": shape.hidden_size, "down": shape.intermediate_size,

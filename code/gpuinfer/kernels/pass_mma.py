@@ -296,41 +296,42 @@ def gemv_silu_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
     return out
 
 
-PROGRAMS = 264  # two programs for each of the H200's 132 multiprocessors
+def mma_configs(config, gpu: bool, weights: str = "bf16") -> dict[str, MmaConfig]:
+    """The products' tiling for passes of a model of `config` (a LlamaConfig) whose
+    weights are "bf16", "int8" or "fp32", by a rule read off
+    `scripts/probes/pass_chains.py` (each product's best at 5 tokens, alone and in
+    whole passes, at Chapter 6's target and the 1B shape; NOTES-57):
 
-
-def mma_configs(config, gpu: bool, weights: str = "bf16", block_n: int = 16,
-                block_k: int = 256, programs: int = PROGRAMS) -> dict[str, MmaConfig]:
-    """The products' tiling for passes, for a model of `config` (a LlamaConfig), by
-    rule, not yet by sweep (scripts/probes/pass_mma.py times it): block_n rows a
-    program (pairs: half as many pairs), block_k = 256 columns a tile (at 16 tokens,
-    the x tile's registers are what grows: 1024 columns spilled on sm_90), split-K
-    until a product has `programs` programs, no split of a tile; the lm_head has no
-    split. Pipelined (2 stages; 3 spilled the int8 gate/up on sm_90) where a
-    program has tiles after its first, except int8 `weights` (2 stages spilled a
-    few bytes there too). Interpreted: few, large programs."""
+    - 8 rows of W a program (8 pairs for qkv and gate/up), tiles of 1024 columns in
+      16 chains of 64 (4 MMAs a chain), split-K only to keep a split to 4 such tiles;
+    - paired products whose K spans more than a tile (so two tiles are in flight):
+      qkv 4 pairs (16 tokens would spill 8 pairs on sm_80), gate/up 16 pairs x 256
+      columns in one chain (at 1B: 1.16x the step's kernel, 8 pairs x 1024 1.47x);
+    - the lm_head: 32 rows x 256 columns, one chain (its many programs an SM hide
+      the chain; 16 chains cost 1.22x); FP32 weights (the checks): tiles of 256.
+    Pipelined (2 stages) where a program has tiles after its first, BF16 only (int8
+    and FP32 tiles spilled at 2 stages on sm_90). Interpreted: few, large programs."""
     head_dim = getattr(config, "head_dim", None) or \
         config.hidden_size // config.num_attention_heads
     hidden, heads = config.hidden_size, config.num_attention_heads
-    qkv = (heads + 2 * config.num_key_value_heads) * head_dim
-    shapes = {"qkv": (qkv // 2, hidden, 2), "o": (hidden, heads * head_dim, 1),
-              "gate_up": (config.intermediate_size, hidden, 2),
-              "down": (hidden, config.intermediate_size, 1),
-              "lm_head": (config.vocab_size, hidden, 1)}
+    ks = {"qkv": hidden, "o": heads * head_dim, "gate_up": hidden,
+          "down": config.intermediate_size, "lm_head": hidden}
     out = {}
-    for name, (n_out, k, per_out) in shapes.items():
+    for name, k in ks.items():
         if not gpu:
-            out[name] = MmaConfig(64 // per_out, 128).fit(k)
+            pairs = name in ("qkv", "gate_up")
+            out[name] = MmaConfig(32 if pairs else 64, 128).fit(k)
             continue
-        bn = block_n // per_out
-        if name == "lm_head" and weights == "int8":  # 16 rows: 8 bytes spilled, sm_90
-            bn *= 2
-        tiles = triton.cdiv(k, block_k)
-        split = 1
-        if name != "lm_head":
-            split = min(tiles, triton.next_power_of_2(
-                triton.cdiv(programs, triton.cdiv(n_out, bn))))
-        c = MmaConfig(bn, block_k, split, 4).fit(k)
-        stages = 2 if c.tiles(k) > 1 and weights != "int8" else 1
-        out[name] = MmaConfig(bn, c.block_k, split, 4, stages)
+        if name == "lm_head":
+            c = MmaConfig(32, 256)
+        elif weights == "fp32":
+            c = MmaConfig(8, 256)
+        elif name == "gate_up" and k > 1024:
+            c = MmaConfig(16, 256)
+        else:
+            c = MmaConfig(4 if name == "qkv" and k > 1024 else 8, 1024, chains=16)
+        split = 1 if name == "lm_head" else triton.cdiv(k, 4 * c.block_k)
+        c = replace(c, split_k=split).fit(k)
+        stages = 2 if c.tiles(k) > 1 and weights == "bf16" else 1
+        out[name] = replace(c, num_stages=stages)
     return out
