@@ -27,6 +27,7 @@ if not torch.cuda.is_available():  # decorated for compiling by an earlier impor
         importlib.reload(eight_bit_gemv)
 
 from gpuinfer.decode import triton_step8  # noqa: E402
+from gpuinfer.decode.triton_step import TritonDecoder  # noqa: E402
 from gpuinfer.decode.triton_step8 import (EIGHT_BIT, EightBitDecoder,  # noqa: E402
                                           Fp8Linear)
 from gpuinfer.kernels.gemv import GemvConfig  # noqa: E402
@@ -185,6 +186,25 @@ def test_tilings_are_fitted(model):
     assert all(fold == 1 for _, fold in dp4a.configs8.values())
 
 
+@pytest.mark.parametrize("fmt", ["int8", "fp8_bits"])
+def test_only_the_named_matrices_go_eight_bit(model, fmt):
+    """matrices=("gate_up",): gate/up on the eight-bit kernels in `fmt`, o and down the
+    parent's int8 matrices on the parent's kernels; each step the model its weights
+    stand for, within FP32 rounding."""
+    decoder = EightBitDecoder(model, capacity=24, format=fmt, matrices=("gate_up",))
+    parent = TritonDecoder(model, capacity=24, weights=INT8)
+    layer, theirs = decoder.layers[0], parent.layers[0]
+    assert isinstance(layer.gate_up, Fp8Linear if fmt == "fp8_bits" else Int8Matrix)
+    for m in ("o", "down"):
+        assert torch.equal(getattr(layer, m).q, getattr(theirs, m).q)
+    ref = Reference(model, decoder, 24)
+    sequence = prompt_of(12, seed=3)
+    assert rel(decoder.prefill(sequence[:, :8]), ref(sequence[:, :8])) <= 1e-5
+    for pos in range(8, 11):
+        token = sequence[:, pos: pos + 1]
+        assert rel(decoder.step_logits(token), ref(token)) <= 1e-5, (fmt, pos)
+
+
 def test_misuse_is_refused(model):
     with pytest.raises(ValueError, match="one-token steps.*TritonDecoder"):
         EightBitDecoder(model, max_query=2)
@@ -197,6 +217,9 @@ def test_misuse_is_refused(model):
                         eight_bit={"down": (GemvConfig(8, 64, split_k=2), 16)})
     with pytest.raises(ValueError, match="a power of two"):
         EightBitDecoder(model, capacity=16, eight_bit={"down": (GemvConfig(8, 64), 3)})
+    for matrices in ("gate_up", ("gateup",)):
+        with pytest.raises(ValueError, match=r"matrices=.*\('gate_up',\)"):
+            EightBitDecoder(model, capacity=16, matrices=matrices)
     with pytest.raises(ValueError, match="fp8 is converted"):
         triton_step8.to_format(Int8Matrix(torch.zeros(2, 4, dtype=torch.int8),
                                           torch.ones(2)), "fp8_bits")

@@ -20,6 +20,11 @@ converted once, at construction, from the model's own weights (int8 reused where
 parent already quantized them). The prefill runs the book's PyTorch forward on the
 same converted matrices, so the cache it writes is the one the step would write.
 
+`matrices` names which of the three run the eight-bit kernels; the others keep the
+parent's kernels and weights. A trace of the 1B step on an H100 (NOTES-58 §8) found
+the folded gate/up faster in the step than today's int8 and the folded o and down
+slower, so the mix is a candidate of its own.
+
 One-token steps only: the eight-bit kernels take one vector and no split-K, so a
 verify pass (`max_query` > 1) is refused; Chapter 6's passes stay on `TritonDecoder`.
 """
@@ -39,7 +44,7 @@ from gpuinfer.kernels.attention import decode_attention
 from gpuinfer.kernels.common import INTERPRETED
 from gpuinfer.kernels.eight_bit import Fp8Matrix, check_format, fp8_rows
 from gpuinfer.kernels.embed_head import embed, lm_head_argmax
-from gpuinfer.kernels.gemv import GemvConfig
+from gpuinfer.kernels.gemv import GemvConfig, gemv, gemv_silu
 from gpuinfer.kernels.qkv_rope import qkv_rope
 from gpuinfer.kernels.tiling import alone_configs
 from gpuinfer.model.configs import load_llama
@@ -102,11 +107,14 @@ class EightBitDecoder(TritonDecoder):
 
     `eight_bit`: {matrix: (GemvConfig, fold)} over `eight_bit_configs`; each tiling is
     fitted to its matrix's K as the parent fits its own (and fold to the tile: at most
-    block_k / 4; 1 for dp4a, which sums four products an instruction instead). Every
-    other option is the parent's; `max_query` must be 1."""
+    block_k / 4; 1 for dp4a, which sums four products an instruction instead).
+    `matrices`: those of EIGHT_BIT on the eight-bit kernels (default all three; the
+    rest as the parent runs them). Every other option is the parent's; `max_query`
+    must be 1."""
 
     def __init__(self, model, batch: int = 1, capacity: int = 1024, *,
                  format: str = "int8", eight_bit: dict | None = None,
+                 matrices: tuple[str, ...] = EIGHT_BIT,
                  weights: WeightFormat = INT8, max_query: int = 1, device=None,
                  **options):
         if max_query != 1 or isinstance(max_query, bool):
@@ -117,6 +125,9 @@ class EightBitDecoder(TritonDecoder):
         if format not in STEP_FORMATS:
             raise ValueError(f"format={format!r}: one of {STEP_FORMATS}")
         check_keys("EightBitDecoder(eight_bit=...)", eight_bit, EIGHT_BIT)
+        if isinstance(matrices, str) or not set(matrices) <= set(EIGHT_BIT):
+            raise ValueError(f"matrices={matrices!r}: a tuple of some of {EIGHT_BIT}, "
+                             "e.g. ('gate_up',)")
         if device is None and not hasattr(model, "config"):  # as the parent decides
             device = "cpu" if INTERPRETED else "cuda"
         model = load_llama(model, device=device)  # held here: fp8 reads its matrices
@@ -124,13 +135,14 @@ class EightBitDecoder(TritonDecoder):
                          device=device, **options)
         check_format(format, _capability(self.device))  # fp8_cvt: sm_89 or later
         self.format = format
+        self.matrices = tuple(m for m in EIGHT_BIT if m in matrices)
         tilings = {**eight_bit_configs(self.on_gpu), **(eight_bit or {})}
         ks = {"o": self.n_heads * self.head_dim, "gate_up": self.x.numel(),
               "down": self.h.numel()}
         self.configs8 = {m: self._fit8(*tilings[m], ks[m]) for m in EIGHT_BIT}
         own = weights_of(model).layers if format.startswith("fp8") else self.layers
         layers = [replace(layer, **{m: to_format(getattr(src, m), format)
-                                    for m in EIGHT_BIT})
+                                    for m in self.matrices})
                   for layer, src in zip(self.layers, own)]
         self.layers = layers
         self.model_weights = replace(self.model_weights, layers=layers)
@@ -165,6 +177,7 @@ class EightBitDecoder(TritonDecoder):
                                   self.format)
         (o_cfg, o_fold), (gu_cfg, gu_fold), (d_cfg, d_fold) = (
             self.configs8[m] for m in EIGHT_BIT)
+        o8, gu8, d8 = (m in self.matrices for m in EIGHT_BIT)
         x, h, q, attn = self.x, self.h, self.q, self.attn
         row = self.tokens[0]
         embed(self.embed, row, self.pos, x, pdl=pdl)
@@ -175,12 +188,24 @@ class EightBitDecoder(TritonDecoder):
             decode_attention(q, self.k_cache[i], self.v_cache[i], self.pos, attn,
                              inline_combine=self.inline_reduce, pdl=pdl,
                              workspace=self.attn_workspace, **self.attention)
-            eight_bit_gemv.gemv8(w.o, attn, x, residual=x, config=o_cfg, pdl=pdl,
-                                 format=fmt, fold=o_fold)
-            eight_bit_gemv.gemv8_silu(w.gate_up, x, h, norm=w.post_norm, eps=eps,
-                                      config=gu_cfg, pdl=pdl, format=fmt, fold=gu_fold)
-            eight_bit_gemv.gemv8(w.down, h, x, residual=x, config=d_cfg, pdl=pdl,
-                                 format=fmt, fold=d_fold)
+            if o8:
+                eight_bit_gemv.gemv8(w.o, attn, x, residual=x, config=o_cfg, pdl=pdl,
+                                     format=fmt, fold=o_fold)
+            else:
+                gemv(w.o, attn, x, residual=x, config=cfg["o"], pdl=pdl, workspace=ws)
+            if gu8:
+                eight_bit_gemv.gemv8_silu(w.gate_up, x, h, norm=w.post_norm, eps=eps,
+                                          config=gu_cfg, pdl=pdl, format=fmt,
+                                          fold=gu_fold)
+            else:
+                gemv_silu(w.gate_up, x, h, norm=w.post_norm, eps=eps,
+                          config=cfg["gate_up"], pdl=pdl, workspace=ws)
+            if d8:
+                eight_bit_gemv.gemv8(w.down, h, x, residual=x, config=d_cfg, pdl=pdl,
+                                     format=fmt, fold=d_fold)
+            else:
+                gemv(w.down, h, x, residual=x, config=cfg["down"], pdl=pdl,
+                     workspace=ws)
         lm_head_argmax(self.lm_head, x, self.logits, row, self.pos, norm=self.norm,
                        eps=eps, config=cfg["lm_head"], inline=self.inline_argmax,
                        accept=accept, pdl=pdl, workspace=self.argmax_workspace)
