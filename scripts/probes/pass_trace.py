@@ -6,9 +6,11 @@ to 1.03-1.34x the step's kernel alone (down 1.74x), which predicts a pass of 5 t
 own pass of 2 tokens. Here the step and the passes of 2 and 5 tokens of the rule's
 tiling and of that best tiling are traced (6 replays), each kernel charged with its end
 minus the end before it (under PDL a kernel's duration includes its wait), summed a
-pass by kernel name.
+pass by kernel name; and the best with the target's down (2816 columns: 3 tiles, two
+of them loaded after the PDL wait) split in 3, one tile a split, all before the wait.
 
-    PYTHONPATH=code timeout 200 python scripts/probes/pass_trace.py   # ~1 min (estimate)
+    PYTHONPATH=code timeout 200 python scripts/probes/pass_trace.py   # 42 s on an H100 with 2
+    # variants; ~70 s with 4 (estimate)
 """
 
 import os
@@ -36,12 +38,15 @@ STEPS = 6
 def main():
     model = build_model(sm.config(sm.TARGET), seed=0, dtype=sm.BF16, device="cuda")
     out = {}
-    for label, tiling in (("rule", None), ("best", BEST)):
+    variants = (("rule", None), ("best", BEST),
+                ("down split 3", {**BEST, "down": M(8, 1024, 3, 4, 1, 16)}),
+                ("down 16r split 3", {**BEST, "down": M(16, 1024, 3, 4, 1, 16)}))
+    for label, tiling in variants:
         dec = MmaPassDecoder(model, capacity=sm.CAPACITY, max_query=5,
                              pass_tiling=tiling)
         dec.prefill(sm.prompt(sm.PROMPT, sm.VOCAB))
         for q in (1, 2, 5):
-            if label == "best" and q == 1:
+            if label != "rule" and q == 1:
                 continue
             fn = dec.device_step if q == 1 else (lambda q=q: dec.verify_step(q))
             compile_ahead(fn)
@@ -53,10 +58,10 @@ def main():
     cols = list(out)
     names = sorted({n for p in out.values() for n in p},
                    key=lambda n: -out["best", 5].get(n, 0))
-    print(f"{'kernel (µs a pass)':36s}" + "".join(f"{str(c):>14s}" for c in cols))
+    print(f"{'kernel (µs a pass)':36s}" + "".join(f"{str(c):>26s}" for c in cols))
     for n in names:
-        print(f"{n[:36]:36s}" + "".join(f"{out[c].get(n, 0):14.1f}" for c in cols))
-    print(f"{'total':36s}" + "".join(f"{sum(out[c].values()):14.1f}" for c in cols))
+        print(f"{n[:36]:36s}" + "".join(f"{out[c].get(n, 0):26.1f}" for c in cols))
+    print(f"{'total':36s}" + "".join(f"{sum(out[c].values()):26.1f}" for c in cols))
 
 
 if __name__ == "__main__":
