@@ -1,9 +1,13 @@
 """What the kernel tests share: the device they run on, outputs poisoned with NaN, the
-relative error of an output, seeded random inputs, and NumPy kept quiet under Triton's
+relative error of an output, seeded random inputs, NumPy kept quiet under Triton's
 interpreter (`quiet_numpy`: import it into a test module and it applies to every test
-there)."""
+there), and a script run in a Python that compiles kernels (`compiled_run`)."""
 
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +20,22 @@ def quiet_numpy():
     with warnings.catch_warnings():  # the interpreter's exp overflows to inf, as meant
         warnings.simplefilter("ignore", RuntimeWarning)
         yield
+
+
+def compiled_run(script: str, *args: str,
+                 timeout: int = 600) -> subprocess.CompletedProcess:
+    """`script` (its argv `args`) in a fresh Python that compiles kernels rather than
+    interpreting them, with this checkout's package; stdout and stderr captured."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = Path(__file__).resolve().parent.parent / "code"
+    env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-c", script, *args], env=env, check=False,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_output(proc: subprocess.CompletedProcess) -> str:
+    """What a `compiled_run` shows when a check fails: its output, its errors' tail."""
+    return proc.stdout + proc.stderr[-3000:]
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

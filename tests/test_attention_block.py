@@ -7,10 +7,6 @@ misuse is refused; and it compiles for sm_80, sm_89 and sm_90 at the 1B shape wi
 spills (PDL on sm_90 only)."""
 
 import importlib
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,7 +28,7 @@ from gpuinfer.kernels.gemv import GemvConfig  # noqa: E402
 from gpuinfer.model.quant import quantize_int8  # noqa: E402
 
 from kernel_checks import (  # noqa: E402,F401
-    DEVICE, fixed_randn, quiet_numpy, rel_err)
+    DEVICE, compiled_run, fixed_randn, quiet_numpy, rel_err, run_output)
 PDL = pdl_supported(DEVICE)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -192,12 +188,8 @@ sys.exit(1 if bad else 0)
 
 
 def test_compiles_for_sm_80_89_90_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = Path(__file__).resolve().parent.parent / "code"
-    env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", AOT_SCRIPT], env=env,
-                          capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr[-3000:]
+    proc = compiled_run(AOT_SCRIPT, timeout=300)
+    out = run_output(proc)
     print(out)
     assert proc.returncode == 0, out
     for cap, pdl in ((80, False), (89, False), (90, True)):

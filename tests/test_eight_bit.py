@@ -4,10 +4,6 @@ there is one), the FP8 quantizer's round trip, misuse refused, and every kernel 
 for sm_80, sm_89 and sm_90 at the 1B shapes without spills."""
 
 import importlib
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,7 +28,7 @@ from gpuinfer.kernels.gemv import GemvConfig  # noqa: E402
 
 E = eight_bit_gemv
 from kernel_checks import (  # noqa: E402,F401
-    DEVICE, fixed_randn, quiet_numpy, rel_err)
+    DEVICE, compiled_run, fixed_randn, quiet_numpy, rel_err, run_output)
 CAP = torch.cuda.get_device_capability() if DEVICE == "cuda" else (9, 0)
 FMTS = [f for f in eight_bit.FORMATS if f != "fp8_cvt" or CAP >= (8, 9)]
 
@@ -165,12 +161,8 @@ sys.exit(1 if bad else 0)
 
 
 def test_eight_bit_kernels_compile_for_sm_80_89_90_without_spills():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = Path(__file__).resolve().parent.parent / "code"
-    env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", AOT_SCRIPT], env=env,
-                          capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr[-3000:]
+    proc = compiled_run(AOT_SCRIPT)
+    out = run_output(proc)
     print(out)
     assert proc.returncode == 0, out
     for cap in (80, 89, 90):

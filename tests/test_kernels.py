@@ -9,11 +9,6 @@ round with `round_to` and the attention upcasts there, so BF16 results match
 PyTorch's under the interpreter too.
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -31,7 +26,8 @@ from gpuinfer.kernels.gemv import GemvConfig, gemv, gemv_reference  # noqa: E402
 from gpuinfer.kernels.gemv import gemv_silu, gemv_silu_reference, tokens_of  # noqa: E402
 
 from kernel_checks import (  # noqa: E402,F401
-    DEVICE, graphed_chain_error, poisoned, quiet_numpy, randn, rel_err)
+    DEVICE, compiled_run, graphed_chain_error, poisoned, quiet_numpy, randn, rel_err,
+    run_output)
 PDL = common.pdl_supported(DEVICE)  # on where it runs: an H100/H200
 HALF = (torch.bfloat16, torch.float16)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -758,21 +754,11 @@ sys.exit(code)
 """
 
 
-def compiled_run(script: str) -> tuple[int, str]:
-    """(exit code, output) of `script` in a fresh Python that compiles kernels rather than
-    interpreting them, with this checkout's package."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = Path(__file__).resolve().parent.parent / "code"
-    env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", script], env=env, check=False,
-                          capture_output=True, text=True, timeout=300)
-    return proc.returncode, proc.stdout + proc.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
 def aot_output():
     """(exit code, output) of AOT_SCRIPT: one process, so its imports are paid once."""
-    return compiled_run(AOT_SCRIPT)
+    proc = compiled_run(AOT_SCRIPT, timeout=300)
+    return proc.returncode, run_output(proc)
 
 
 def test_kernels_compile_for_sm_80_89_90_without_spills(aot_output):
@@ -863,7 +849,8 @@ with aot.compile_only(90) as launched:
 
 
 def test_kernels_compiled_ahead_are_not_compiled_again():
-    returncode, out = compiled_run(AHEAD_SCRIPT)
+    proc = compiled_run(AHEAD_SCRIPT, timeout=300)
+    returncode, out = proc.returncode, run_output(proc)
     assert returncode == 0, out
     # three kernels (a gemv tiling twice), compiled ahead; no launch ran while compiling
     assert "ahead 3 3 0" in out, out

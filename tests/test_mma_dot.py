@@ -26,7 +26,8 @@ if common.INTERPRETED:  # ours are not in interpret.MODULES: decorated again, in
     pm = importlib.reload(pm)
     ph = importlib.reload(ph)
 
-from kernel_checks import DEVICE, randn, rel_err  # noqa: E402
+from kernel_checks import (  # noqa: E402,F401
+    DEVICE, compiled_run, quiet_numpy, randn, rel_err, run_output)
 PDL = common.pdl_supported(DEVICE)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 C = pm.MmaConfig
@@ -114,17 +115,8 @@ for chains in (8, 16):
 
 
 def test_chained_kernels_compile_for_sm_90_without_spills():
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = Path(__file__).resolve().parent.parent / "code"
-    env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", AOT_SCRIPT], env=env, check=False,
-                          capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr[-3000:]
+    proc = compiled_run(AOT_SCRIPT)
+    out = run_output(proc)
     assert proc.returncode == 0, out
     lines = proc.stdout.splitlines()
     assert len(lines) == 4, out

@@ -32,7 +32,7 @@ if common.INTERPRETED:  # ours are not in interpret.MODULES: decorated again, in
     ph = importlib.reload(ph)
 
 from kernel_checks import (  # noqa: E402,F401
-    DEVICE, poisoned, quiet_numpy, randn, rel_err)
+    DEVICE, compiled_run, poisoned, quiet_numpy, randn, rel_err, run_output)
 PDL = common.pdl_supported(DEVICE)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16],
@@ -288,17 +288,8 @@ def test_pass_kernels_compile_for_sm_80_89_90_without_spills():
     """What the interpreter cannot check: each kernel compiles for the A100, the L4 and
     Hopper (PDL on sm_90 only, `aot.pdl_for`), and its registers hold 16 tokens' tiles
     without spilling."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = Path(__file__).resolve().parent.parent / "code"
-    env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", AOT_SCRIPT], env=env, check=False,
-                          capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr[-3000:]
+    proc = compiled_run(AOT_SCRIPT)
+    out = run_output(proc)
     assert proc.returncode == 0, out
     lines = proc.stdout.splitlines()
     assert len(lines) == 3 * 3 * 6 + 6, out  # 6 kernels a run (argmax_reduce too)

@@ -7,10 +7,6 @@ anywhere; the products themselves are checked on a Hopper GPU (`gpu`) against
 W.float() @ x.float()."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +15,8 @@ from gpuinfer.kernels.prefetch_gemv import (SHARED_LIMIT, prefetch_gemv,
                                             prefetch_gemv_reference, shared_bytes)
 from gpuinfer.model.quant import quantize_int8
 
-from kernel_checks import (DEVICE, graphed_chain_error, poisoned,  # noqa: F401
-                           quiet_numpy, randn, rel_err)
+from kernel_checks import (DEVICE, compiled_run, graphed_chain_error,  # noqa: F401
+                           poisoned, quiet_numpy, randn, rel_err, run_output)
 
 BF = torch.bfloat16
 HOPPER = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
@@ -62,12 +58,8 @@ for n, k, stages, bn, bk, warps, pdl in json.loads(sys.argv[1]):
 @pytest.fixture(scope="module")
 def compiled():
     """One row (a dict) per AOT_CASES entry, from one fresh Python that compiles."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = Path(__file__).resolve().parent.parent / "code"
-    env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", AOT_SCRIPT, json.dumps(AOT_CASES)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    proc = compiled_run(AOT_SCRIPT, json.dumps(AOT_CASES))
+    assert proc.returncode == 0, run_output(proc)
     rows = [json.loads(line) for line in proc.stdout.splitlines()
             if line.startswith("{")]
     assert len(rows) == len(AOT_CASES), proc.stdout
