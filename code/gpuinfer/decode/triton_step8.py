@@ -165,19 +165,29 @@ class EightBitDecoder(TritonDecoder):
         return [t for item in super().tensors() for t in
                 ((item.q, item.scale) if isinstance(item, Fp8Matrix) else (item,))]
 
+    def _product(self, name: str, w, x, out, **fusions) -> None:
+        """out = matrix `name` (o, gate_up or down) times x, with its fusions: on the
+        eight-bit kernels if it is one of `matrices`, else on the parent's."""
+        silu = name == "gate_up"
+        if name in self.matrices:
+            config, fold = self.configs8[name]
+            fn = eight_bit_gemv.gemv8_silu if silu else eight_bit_gemv.gemv8
+            fn(w, x, out, config=config, pdl=self.pdl, format=self.format, fold=fold,
+               **fusions)
+        else:
+            fn = gemv_silu if silu else gemv
+            fn(w, x, out, config=self.configs[name], pdl=self.pdl,
+               workspace=self.workspace, **fusions)
+
     def device_pass(self, query: int = 1, accept: bool = False) -> None:
         """The parent's step (`TritonDecoder.device_pass` at query 1), with o, gate/up
-        and down on the eight-bit kernels. Written out again: the parent calls its
+        and down through `_product`. Written out again: the parent calls its
         kernels by name inside one loop, with no hook for a matrix's product."""
         if query != 1:
             raise ValueError(f"a pass of {query} tokens: EightBitDecoder runs "
                              "one-token steps; for passes use "
                              "TritonDecoder(..., max_query=...)")
-        pdl, ws, cfg, eps, fmt = (self.pdl, self.workspace, self.configs, self.eps,
-                                  self.format)
-        (o_cfg, o_fold), (gu_cfg, gu_fold), (d_cfg, d_fold) = (
-            self.configs8[m] for m in EIGHT_BIT)
-        o8, gu8, d8 = (m in self.matrices for m in EIGHT_BIT)
+        pdl, ws, cfg, eps = self.pdl, self.workspace, self.configs, self.eps
         x, h, q, attn = self.x, self.h, self.q, self.attn
         row = self.tokens[0]
         embed(self.embed, row, self.pos, x, pdl=pdl)
@@ -188,24 +198,9 @@ class EightBitDecoder(TritonDecoder):
             decode_attention(q, self.k_cache[i], self.v_cache[i], self.pos, attn,
                              inline_combine=self.inline_reduce, pdl=pdl,
                              workspace=self.attn_workspace, **self.attention)
-            if o8:
-                eight_bit_gemv.gemv8(w.o, attn, x, residual=x, config=o_cfg, pdl=pdl,
-                                     format=fmt, fold=o_fold)
-            else:
-                gemv(w.o, attn, x, residual=x, config=cfg["o"], pdl=pdl, workspace=ws)
-            if gu8:
-                eight_bit_gemv.gemv8_silu(w.gate_up, x, h, norm=w.post_norm, eps=eps,
-                                          config=gu_cfg, pdl=pdl, format=fmt,
-                                          fold=gu_fold)
-            else:
-                gemv_silu(w.gate_up, x, h, norm=w.post_norm, eps=eps,
-                          config=cfg["gate_up"], pdl=pdl, workspace=ws)
-            if d8:
-                eight_bit_gemv.gemv8(w.down, h, x, residual=x, config=d_cfg, pdl=pdl,
-                                     format=fmt, fold=d_fold)
-            else:
-                gemv(w.down, h, x, residual=x, config=cfg["down"], pdl=pdl,
-                     workspace=ws)
+            self._product("o", w.o, attn, x, residual=x)
+            self._product("gate_up", w.gate_up, x, h, norm=w.post_norm, eps=eps)
+            self._product("down", w.down, h, x, residual=x)
         lm_head_argmax(self.lm_head, x, self.logits, row, self.pos, norm=self.norm,
                        eps=eps, config=cfg["lm_head"], inline=self.inline_argmax,
                        accept=accept, pdl=pdl, workspace=self.argmax_workspace)

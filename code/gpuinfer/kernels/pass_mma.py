@@ -202,7 +202,7 @@ def gemv_silu_pass_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, norm_ptr, ws_ptr, cn
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           N_TILES: tl.constexpr, N_NORM: tl.constexpr,
                           SPLIT_K: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr,
-                     CHAINS: tl.constexpr):
+                          CHAINS: tl.constexpr):
     """out[t, j] = SiLU(gate_j) * up_j for W = [gate; up] (2N rows) and each token t:
     tile row 2i is gate row j, 2i + 1 up row j, both in one MMA (N side 2 BLOCK_N)."""
     block = tl.program_id(0)
