@@ -227,6 +227,23 @@ def whole(label, model, best, queries, rounds):
             f"steps ({lo:.3f}-{hi:.3f})")
 
 
+def smoke_sizes():
+    """The probes' shared modules at --smoke's sizes: CPU, no PDL, small buffers."""
+    pm.DEV, pm.PDL, pm.HBM_BYTES, pm.CAPACITY = "cpu", False, 1 << 16, 256
+    sm.DEVICE, sm.PROMPT, sm.START = "cpu", 8, 20
+
+
+def shape_config(label):
+    """The LlamaConfig of a shape: "toy" (--smoke), "target" (Chapter 6's) or "1b"."""
+    if label == "toy":
+        return model_config("tiny", vocab_size=256, tie_word_embeddings=True,
+                            max_position_embeddings=512, **TOY)
+    if label == "target":
+        return model_config("tiny", vocab_size=8192, tie_word_embeddings=True,
+                            max_position_embeddings=2048, **pm.TARGET)
+    return model_config("1b")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -235,20 +252,12 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="tiny, CPU, interpreted")
     a = ap.parse_args()
     if SMOKE:
-        pm.DEV, pm.PDL, pm.HBM_BYTES, pm.CAPACITY = "cpu", False, 1 << 16, 256
-        sm.DEVICE, sm.PROMPT, sm.START = "cpu", 8, 20
+        smoke_sizes()
         a.shapes, a.rounds = ["toy"], 1
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = pm.DEV
     for label in a.shapes:
-        if label == "toy":
-            cfg = model_config("tiny", vocab_size=256, tie_word_embeddings=True,
-                               max_position_embeddings=512, **TOY)
-        elif label == "target":
-            cfg = model_config("tiny", vocab_size=8192, tie_word_embeddings=True,
-                               max_position_embeddings=2048, **pm.TARGET)
-        else:
-            cfg = model_config("1b")
+        cfg = shape_config(label)
         b = pm.Bench(cfg)
         layer = Layer(b, cfg)
         copies = ", ".join(f"{n} x{len(w)}" for n, w in b.w.items())

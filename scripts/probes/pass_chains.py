@@ -15,8 +15,8 @@ b. whole passes (`MmaPassDecoder(pass_tiling=...)`): the rule, the rule with cha
    and (a)'s best per product, T = 2, 5, 8, against the step, interleaved rounds;
    each tiling's pass first checked against its own steps (teacher-forced top-1).
 
-    PYTHONPATH=code timeout 560 python scripts/probes/pass_chains.py [--shapes target 1b]
-    [--rounds 5] [--smoke]     # --smoke: toy shapes, CPU, interpreted
+    PYTHONPATH=code timeout 560 python scripts/probes/pass_chains.py \
+        [--shapes target 1b] [--rounds 5] [--smoke]  # --smoke: toy, CPU, interpreted
 
 About 2.5 minutes a shape on an H100 (estimate); prints as it goes.
 """
@@ -27,10 +27,10 @@ import itertools
 
 import torch
 
-import pass_breakdown as pb  # SMOKE, say, graphed, timed_us, check_all, whole, shapes
+import pass_breakdown as pb  # SMOKE, say, graphed, timed_us, check_all, whole, ...
 from gpuinfer.kernels.common import compile_ahead
 from gpuinfer.kernels.pass_mma import MmaConfig
-from gpuinfer.model.configs import build_model, model_config
+from gpuinfer.model.configs import build_model
 
 pm, sw, sm, say = pb.pm, pb.sw, pb.sm, pb.say
 
@@ -55,7 +55,7 @@ def candidates(name: str, k: int) -> list[MmaConfig]:
 
 
 def with_chains(tiling: dict, per_tile: int = 4) -> dict:
-    """The tiling with `per_tile` MMAs a chain a tile: chains = block_k / (16 per_tile)."""
+    """The tiling with `per_tile` MMAs a chain a tile: block_k / 16 per_tile chains."""
     return {n: dataclasses.replace(c, chains=max(1, c.block_k // (16 * per_tile)))
             for n, c in tiling.items()}
 
@@ -98,19 +98,11 @@ def main():
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     if pb.SMOKE:
-        pm.DEV, pm.PDL, pm.HBM_BYTES, pm.CAPACITY = "cpu", False, 1 << 16, 256
-        sm.DEVICE, sm.PROMPT, sm.START = "cpu", 8, 20
+        pb.smoke_sizes()
         a.shapes, a.rounds = ["toy"], 1
     torch.backends.cuda.matmul.allow_tf32 = False
     for label in a.shapes:
-        if label == "toy":
-            cfg = model_config("tiny", vocab_size=256, tie_word_embeddings=True,
-                               max_position_embeddings=512, **pb.TOY)
-        elif label == "target":
-            cfg = model_config("tiny", vocab_size=8192, tie_word_embeddings=True,
-                               max_position_embeddings=2048, **pm.TARGET)
-        else:
-            cfg = model_config("1b")
+        cfg = pb.shape_config(label)
         b = pm.Bench(cfg)
         best = per_product(label, b, a.rounds)
         rule = dict(b.new)
