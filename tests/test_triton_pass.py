@@ -112,6 +112,18 @@ def test_bf16_pass_logits_have_the_steps_top1_within_bf16_rounding(prompt):
     assert agree == total
 
 
+def test_a_cache_of_one_tile_gives_a_pass_one_attention_program_a_head(model, prompt):
+    """A cache that the step's attention reads in one tile: the pass's tokens share its
+    program (the cache read once); a longer one: each token's programs, as a step's.
+    Both give the steps' logits."""
+    one = tp.MmaPassDecoder(model, capacity=64, max_query=4)
+    apart = tp.MmaPassDecoder(model, capacity=128, max_query=4)  # two tiles of 64
+    assert one.one_program_attention and not apart.one_program_attention
+    for decoder in (one, apart):
+        steps, passed = steps_and_pass(decoder, prompt, ids_of(4))
+        assert (steps - passed).abs().max() <= 1e-4 * steps.abs().max()
+
+
 def test_int8_weights_pass_logits_are_the_steps(model, prompt):
     decoder = tp.MmaPassDecoder(model, capacity=64, max_query=3, weights=INT8)
     steps, passed = steps_and_pass(decoder, prompt, ids_of(3))

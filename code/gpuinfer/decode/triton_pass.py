@@ -36,6 +36,7 @@ from gpuinfer.decode.triton_step import TritonDecoder
 from gpuinfer.kernels.attention import decode_attention
 from gpuinfer.kernels.common import Workspace
 from gpuinfer.kernels.embed_head import ArgmaxWorkspace, embed
+from gpuinfer.kernels.pass_attention import pass_attention
 from gpuinfer.kernels.pass_mma import (MAX_TOKENS, MmaConfig, gemv_pass, gemv_silu_pass,
                                        mma_configs)
 from gpuinfer.kernels.pass_mma_heads import lm_head_argmax_pass, qkv_rope_pass
@@ -81,6 +82,10 @@ class MmaPassDecoder(TritonDecoder):
         if self.pass_tiling["lm_head"].split_k != 1:
             raise ValueError("the lm_head pass has no split-K")
         self._size_workspaces(shape, ks)
+        # A cache that the step's attention reads in one program a head: the pass's
+        # tokens share that program (`kernels.pass_attention`), reading the cache once.
+        self.one_program_attention = self.attention.get("n_split") == 1 and \
+            self.attention.get("block_s", 0) >= capacity
 
     def _shape(self) -> SimpleNamespace:
         """The model's shapes as a LlamaConfig names them, read off the weights (the
@@ -128,9 +133,14 @@ class MmaPassDecoder(TritonDecoder):
             qkv_rope_pass(w.qkv, x, q, self.k_cache[i], self.v_cache[i], self.cos,
                           self.sin, self.pos, n_heads=self.n_heads, norm=w.input_norm,
                           eps=eps, config=cfg["qkv"], pdl=pdl, workspace=ws)
-            decode_attention(q, self.k_cache[i], self.v_cache[i], self.pos, attn,
-                             inline_combine=self.inline_reduce, pdl=pdl,
-                             workspace=self.attn_workspace, **self.attention)
+            if self.one_program_attention:
+                pass_attention(q, self.k_cache[i], self.v_cache[i], self.pos, attn,
+                               block_s=self.attention["block_s"],
+                               num_warps=self.attention["num_warps"], pdl=pdl)
+            else:
+                decode_attention(q, self.k_cache[i], self.v_cache[i], self.pos, attn,
+                                 inline_combine=self.inline_reduce, pdl=pdl,
+                                 workspace=self.attn_workspace, **self.attention)
             gemv_pass(w.o, attn, x, residual=x, config=cfg["o"], pdl=pdl, workspace=ws)
             gemv_silu_pass(w.gate_up, x, h, norm=w.post_norm, eps=eps,
                            config=cfg["gate_up"], pdl=pdl, workspace=ws)
