@@ -303,7 +303,10 @@ def mma_configs(config, gpu: bool, weights: str = "bf16") -> dict[str, MmaConfig
     whole passes, at Chapter 6's target and the 1B shape; NOTES-57):
 
     - 8 rows of W a program (8 pairs for qkv and gate/up), tiles of 1024 columns in
-      16 chains of 64 (4 MMAs a chain), split-K only to keep a split to 4 such tiles;
+      16 chains of 64 (4 MMAs a chain), split-K to keep a split to 4096 columns; the
+      o- and down-projections of up to 4 tiles split into one tile a split, so that
+      every program loads its weights before the PDL wait (the target's down, 3
+      tiles: 97 µs for o and down in a pass of 5 tokens on an H100, 151 unsplit);
     - paired products whose K spans more than a tile (so two tiles are in flight):
       qkv 4 pairs (16 tokens would spill 8 pairs on sm_80), gate/up 16 pairs x 256
       columns in one chain (at 1B: 1.16x the step's kernel, 8 pairs x 1024 1.47x);
@@ -330,7 +333,9 @@ def mma_configs(config, gpu: bool, weights: str = "bf16") -> dict[str, MmaConfig
             c = MmaConfig(16, 256)
         else:
             c = MmaConfig(4 if name == "qkv" and k > 1024 else 8, 1024, chains=16)
-        split = 1 if name == "lm_head" else triton.cdiv(k, 4 * c.block_k)
+        tiles = triton.cdiv(k, c.block_k)
+        split = 1 if name == "lm_head" else \
+            tiles if name in ("o", "down") and tiles <= 4 else triton.cdiv(k, 4 * 1024)
         c = replace(c, split_k=split).fit(k)
         stages = 2 if c.tiles(k) > 1 and weights == "bf16" else 1
         out[name] = replace(c, num_stages=stages)
