@@ -46,6 +46,7 @@ import spec_mma as sm  # noqa: E402  prompt, forced, ready, ratio
 from gpuinfer.kernels.attention import AttentionWorkspace, decode_attention  # noqa
 from gpuinfer.kernels.common import compile_ahead  # noqa: E402
 from gpuinfer.kernels.embed_head import embed  # noqa: E402
+from gpuinfer.kernels.pass_attention import pass_attention  # noqa: E402
 from gpuinfer.kernels.tiling import default_attention  # noqa: E402
 from gpuinfer.measure.rounds import interleaved_rounds  # noqa: E402
 from gpuinfer.model.configs import build_model, model_config  # noqa: E402
@@ -100,6 +101,11 @@ class Layer:
         q, o = b.out(t, b.heads * b.d, "q"), b.out(t, b.heads * b.d, "attn")
         if t == 1:
             q, o = q[0], o[0]
+        if t > 1 and self.attention["n_split"] == 1 and \
+                self.attention["block_s"] >= sm.CAPACITY:  # as MmaPassDecoder runs it
+            pass_attention(q, k, v, self.pos[t], o, block_s=self.attention["block_s"],
+                           num_warps=self.attention["num_warps"], pdl=pm.PDL)
+            return
         decode_attention(q, k, v, self.pos[t], o, pdl=pm.PDL, workspace=self.ws[t],
                          **self.attention)
 
