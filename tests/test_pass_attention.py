@@ -34,7 +34,8 @@ def tokens_apart(q, k_cache, v_cache, pos):
 @pytest.mark.parametrize("tokens,group,dtype", [(2, 4, torch.float32),
                                                 (5, 3, torch.float32),
                                                 (5, 4, torch.bfloat16),
-                                                (16, 1, torch.float32)])
+                                                (16, 1, torch.float32),
+                                                (16, 4, torch.float32)])
 def test_each_token_sees_the_slots_up_to_its_own(tokens, group, dtype):
     kv, d, capacity = 2, 16, 40
     q = randn(tokens, kv * group * d, dtype=dtype, seed=tokens + group)
@@ -64,8 +65,11 @@ def test_a_pos_past_the_cache_or_below_zero_reads_only_the_cache():
         assert rel_err(out, ref) <= 1e-5, pos
 
 
-def test_a_cache_longer_than_one_tile_or_a_pass_of_17_is_refused():
+def test_a_cache_longer_than_one_tile_a_pass_of_17_or_8_rows_a_program_is_refused():
     cache = randn(2, 40, 16)
+    with pytest.raises(ValueError, match="block_r=8: tl.dot takes at least 16 rows"):
+        pass_attention(randn(2, 64), cache, cache, torch.tensor([5], device=DEVICE),
+                       block_r=8)
     with pytest.raises(ValueError, match="block_s=32 for a cache of 40 slots"):
         pass_attention(randn(2, 64), cache, cache, torch.tensor([5], device=DEVICE),
                        block_s=32)
@@ -74,16 +78,15 @@ def test_a_cache_longer_than_one_tile_or_a_pass_of_17_is_refused():
 
 
 # Run without TRITON_INTERPRET: the kernel for sm_90 (PDL) and sm_80, at the 1B model's
-# heads (8 key/value heads of 4 queries, head_dim 64) over 256 slots, BF16, 5 and 8
-# tokens (32 rows of queries). 16 tokens (64 rows) spill on sm_80, and FP32 caches (the
-# checks) spill at any T, as the step's one-program attention does (5.8 KB at T = 1).
+# heads (8 key/value heads of 4 queries, head_dim 64) over 256 slots, 5 and 16 tokens
+# (2 and 4 programs a head of 16 rows), BF16 and FP32 (the checks' caches).
 AOT_SCRIPT = """
 import torch
 from gpuinfer.kernels import aot
 from gpuinfer.kernels.pass_attention import pass_attention
 for cap in (90, 80):
-    for dtype in (torch.bfloat16,):
-        for tokens in (5, 8):
+    for dtype in (torch.bfloat16, torch.float32):
+        for tokens in (5, 16):
             q = torch.empty(tokens, 32 * 64, dtype=dtype)
             cache = torch.empty(8, 256, 64, dtype=dtype)
             with aot.compile_only(cap) as done:
@@ -99,5 +102,5 @@ def test_the_kernel_compiles_for_sm_90_and_sm_80_without_spills():
     out = run_output(proc)
     assert proc.returncode == 0, out
     lines = proc.stdout.splitlines()
-    assert len(lines) == 4, out
+    assert len(lines) == 8, out
     assert all("'stack': 0," in line for line in lines), out

@@ -112,15 +112,15 @@ def test_bf16_pass_logits_have_the_steps_top1_within_bf16_rounding(prompt):
     assert agree == total
 
 
-def test_a_cache_of_one_tile_gives_a_pass_one_attention_program_a_head(model, prompt):
-    """A cache that the step's attention reads in one tile: the pass's tokens share its
-    program (the cache read once); in chunks: each token's programs, as a step's. Both
-    give the steps' logits."""
-    one = tp.MmaPassDecoder(model, capacity=64, max_query=4)
+def test_a_cache_of_one_tile_is_read_for_many_tokens_at_once(model, prompt):
+    """A cache that the step's attention reads in one tile: a pass's tokens share the
+    programs that read it (16 query rows each); in chunks: each token's programs, as a
+    step's. Both give the steps' logits."""
+    shared = tp.MmaPassDecoder(model, capacity=64, max_query=4)
     apart = tp.MmaPassDecoder(model, capacity=64, max_query=4,
                               attention={"n_split": 4, "block_s": 16})
-    assert one.one_program_attention and not apart.one_program_attention
-    for decoder in (one, apart):
+    assert shared.shared_attention and not apart.shared_attention
+    for decoder in (shared, apart):
         steps, passed = steps_and_pass(decoder, prompt, ids_of(4))
         assert (steps - passed).abs().max() <= 1e-4 * steps.abs().max()
 

@@ -4,7 +4,7 @@ against the step in interleaved rounds, and traced kernel by kernel at T = 5.
 pass_trace.py (H100, 2026-12-05 16:52 UTC): the target's down split in 3 (one tile a
 split, all loaded before the PDL wait) took o + down from 151 to 97 µs a pass of 5
 tokens. `mma_configs` now splits o and down into one tile a split up to 4 tiles, and
-`MmaPassDecoder.one_program_attention` runs a pass's attention in one program per
+`MmaPassDecoder.shared_attention` runs a pass's attention in one program per
 key/value head (`kernels/pass_attention.py`): the target's pass of 5 tokens 1.371
 steps, against 1.580 before both (H100, 17:00 UTC). The trace then charged the pass
 (µs over the step's kernel): gate/up +41, q/k/v +22, o + down +20, attention +16.
@@ -68,9 +68,9 @@ VARIANTS = {
 def build(model, tiling, attention, warps):
     dec = MmaPassDecoder(model, capacity=sm.CAPACITY, max_query=max(QUERIES),
                          pass_tiling=tiling)
-    if attention and not dec.one_program_attention:
+    if attention and not dec.shared_attention:
         raise SystemExit(f"one-program attention is off at capacity {sm.CAPACITY}")
-    dec.one_program_attention = attention
+    dec.shared_attention = attention
     if warps:  # the passes' attention (and this decoder's step, not timed here)
         dec.attention = {**dec.attention, "num_warps": warps}
     return dec

@@ -82,9 +82,9 @@ class MmaPassDecoder(TritonDecoder):
         if self.pass_tiling["lm_head"].split_k != 1:
             raise ValueError("the lm_head pass has no split-K")
         self._size_workspaces(shape, ks)
-        # A cache that the step's attention reads in one program a head: the pass's
-        # tokens share that program (`kernels.pass_attention`), reading the cache once.
-        self.one_program_attention = self.attention.get("n_split") == 1 and \
+        # A cache that the step's attention reads in one program a head: a pass's
+        # tokens share such programs, 16 query rows each (`kernels.pass_attention`).
+        self.shared_attention = self.attention.get("n_split") == 1 and \
             self.attention.get("block_s", 0) >= capacity
 
     def _shape(self) -> SimpleNamespace:
@@ -133,7 +133,7 @@ class MmaPassDecoder(TritonDecoder):
             qkv_rope_pass(w.qkv, x, q, self.k_cache[i], self.v_cache[i], self.cos,
                           self.sin, self.pos, n_heads=self.n_heads, norm=w.input_norm,
                           eps=eps, config=cfg["qkv"], pdl=pdl, workspace=ws)
-            if self.one_program_attention:
+            if self.shared_attention:
                 pass_attention(q, self.k_cache[i], self.v_cache[i], self.pos, attn,
                                block_s=self.attention["block_s"],
                                num_warps=self.attention["num_warps"], pdl=pdl)

@@ -1,10 +1,14 @@
-"""Attention of a pass of T tokens in one program per key/value head, the cache read
-once (`decode_attention` gives each token programs of its own, each reading the cache).
+"""Attention of a pass of T tokens in a few programs per key/value head, each reading
+the cache once for several tokens (`decode_attention` gives each token programs of its
+own, each reading the cache).
 
 A pass of T tokens at slots f, f + 1, ..., pos (f = pos - T + 1): token t attends to
-the slots 0 ... f + t. Program h takes key/value head h with its `group` query heads
-for all T tokens at once, T * group rows of queries (padded to the 16 rows tl.dot
-takes), so the keys and values are read once for the pass, as in the step:
+the slots 0 ... f + t. The programs of key/value head h take its `group` query heads
+for the T tokens, T * group rows of queries (a row a token and query head), 16 rows a
+program, the fewest tl.dot takes: at a group of 4, four tokens a program, so a pass of
+up to 4 tokens reads the cache once, as the step does, and one of 5 to 8 twice, in
+programs that run side by side (a program's score tile stays 16 rows by the cache, and
+nothing spills, FP32 included). Each program:
 
 - before the PDL wait, the slots before f (no kernel of this layer writes them) in one
   tile of `block_s` >= the capacity, as the step's one-program attention loads them;
@@ -35,7 +39,7 @@ FRESH = 16  # the second tile's rows: the pass's own slots, at most 16 tokens a 
 @triton.jit
 def pass_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, cache_head_stride, scale,
                           GROUP: tl.constexpr, TOKENS: tl.constexpr,
-                          ROWS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                          BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
                           BLOCK_S: tl.constexpr, FRESH: tl.constexpr,
                           UPCAST: tl.constexpr, PDL: tl.constexpr):
     h = tl.program_id(0)
@@ -59,9 +63,9 @@ def pass_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, cache_head_stride
     at_fresh = base + fresh_slot[:, None] * HEAD_DIM + d[None, :]
     k_new = tl.load(k_ptr + at_fresh, mask=fresh[:, None], other=0.0)
     v_new = tl.load(v_ptr + at_fresh, mask=fresh[:, None], other=0.0)
-    # Row r: token r // GROUP, query head h * GROUP + r % GROUP; rows past the pass's
-    # are zeros, never stored.
-    r = tl.arange(0, ROWS_PAD)
+    # Row r: token r // GROUP, query head h * GROUP + r % GROUP; this program takes rows
+    # BLOCK_R * c ...; rows past the pass's are zeros, never stored.
+    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     t = r // GROUP
     real = r < TOKENS * GROUP
     heads = tl.num_programs(0) * GROUP
@@ -94,13 +98,15 @@ def pass_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, cache_head_stride
 
 def pass_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    pos: torch.Tensor, out: torch.Tensor | None = None, *,
-                   block_s: int | None = None, num_warps: int = 8,
+                   block_s: int | None = None, block_r: int = 16, num_warps: int = 8,
                    pdl: bool = False) -> torch.Tensor:
     """Attention of a pass: q (T, heads * d), T <= 16, the tokens at slots
     pos - T + 1 ... pos of k_cache, v_cache (kv_heads, capacity, d), each over the
     slots up to its own; pos a one-element tensor. Returns (T, heads * d) in q's dtype.
-    One program per key/value head; `block_s` (default: the capacity, rounded up to a
-    power of two) must hold the whole cache."""
+    Programs per key/value head: one per `block_r` rows of queries (a row a token and
+    query head; 16, the fewest tl.dot takes, is 4 tokens of a group of 4), each
+    reading the whole cache; `block_s` (default: the capacity, rounded up to a power
+    of two) must hold it."""
     n_kv, capacity, head_dim = k_cache.shape
     if q.dim() != 2 or not 1 <= q.shape[0] <= FRESH:
         raise ValueError(f"q of shape {tuple(q.shape)}: a pass is (T, heads * d) with "
@@ -108,7 +114,9 @@ def pass_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     tokens = q.shape[0]
     group = q.shape[1] // (n_kv * head_dim)
     block_s = block_s or max(16, triton.next_power_of_2(capacity))
-    check_pow2(head_dim=head_dim, block_s=block_s)
+    check_pow2(head_dim=head_dim, block_s=block_s, block_r=block_r)
+    if block_r < 16:
+        raise ValueError(f"block_r={block_r}: tl.dot takes at least 16 rows")
     if head_dim < 16 or block_s < capacity:
         raise ValueError(f"block_s={block_s} for a cache of {capacity} slots of "
                          f"head_dim {head_dim}: one tile holds the whole cache "
@@ -117,10 +125,10 @@ def pass_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and q.is_contiguous()):
         raise ValueError("q and the cache must be contiguous")
     out = torch.empty_like(q) if out is None else out
-    pass_attention_kernel[(n_kv,)](
+    pass_attention_kernel[(n_kv, triton.cdiv(tokens * group, block_r))](
         q, k_cache, v_cache, pos, out, capacity * head_dim, head_dim**-0.5,
         GROUP=group, TOKENS=tokens,
-        ROWS_PAD=max(16, triton.next_power_of_2(tokens * group)),
+        BLOCK_R=block_r,
         HEAD_DIM=head_dim, BLOCK_S=block_s, FRESH=FRESH,
         UPCAST=INTERPRETED or q.dtype == torch.float32, PDL=pdl,
         **launch_options(num_warps, 1, pdl))
