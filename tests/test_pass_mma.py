@@ -135,12 +135,14 @@ def test_qkv_rope_pass(tokens, config, last, dtype):
 
 
 @DTYPES
-@pytest.mark.parametrize("inline", [True, False], ids=["inline", "reduce-kernel"])
+@pytest.mark.parametrize("mode", ["inline", "reduce-kernel", "accept-kernel"])
 @pytest.mark.parametrize("tokens,weights", [(3, "dense"), (8, "int8"), (16, "dense")])
-def test_lm_head_argmax_pass(tokens, weights, inline, dtype):
+def test_lm_head_argmax_pass(tokens, weights, mode, dtype):
     """Each token's logits against the reference; then with `accept` the proposals
-    taken up to the first that is not the kernel's own choice (built so that the first
-    two agree), the choices written after them, pos moved to the last slot written."""
+    taken up to the first that is not the kernel's own choice (none, the first two, all
+    of them agreeing), the choices written after them, pos moved to the last slot
+    written; by the last lm_head program, by one reduce program after, or by a program
+    a token (`accept_kernel`, given a `PassArgmaxWorkspace`)."""
     if weights == "int8" and dtype is torch.float32:
         pytest.skip("int8 weights serve BF16 activations")
     vocab, k = 300, 100
@@ -152,23 +154,28 @@ def test_lm_head_argmax_pass(tokens, weights, inline, dtype):
     logits = poisoned(tokens, vocab, dtype=dtype)
     row = torch.zeros(40, device=DEVICE, dtype=torch.long)
     pos = torch.tensor([20], device=DEVICE)
-    ph.lm_head_argmax_pass(w, x, logits, row, pos, norm=norm, config=C(16, 32),
-                           inline=inline, pdl=PDL)
+    inline, blocks = mode == "inline", -(-vocab // 16)
+    ws = ph.PassArgmaxWorkspace(DEVICE, blocks, rows=tokens) \
+        if mode == "accept-kernel" else None
+    run = dict(norm=norm, config=C(16, 32), inline=inline, pdl=PDL, workspace=ws)
+    ph.lm_head_argmax_pass(w, x, logits, row, pos, **run)
     ref = per_token(lambda xt: gemv_reference(w, xt, norm=norm), x)
     assert rel_err(logits, ref) <= TOL[dtype]
     choices = logits.float().argmax(-1)
     assert int(pos) == 21 and int(row[21]) == int(choices[-1])
     # a verify pass at slots 21 - tokens + 1 ... 21: proposals = slots after the first
     first = 21 - tokens + 1
-    row.zero_()
-    row[first + 1: first + 3] = choices[:2]  # the first two proposals agree
-    row[first + 3:22] = (choices[2:tokens - 1] + 1) % vocab  # the rest do not
-    pos.fill_(21)
-    ph.lm_head_argmax_pass(w, x, logits, row, pos, norm=norm, config=C(16, 32),
-                           inline=inline, accept=True, pdl=PDL)
-    kept = min(3, tokens)  # two accepted proposals, then the target's own token
-    assert int(pos) == first + kept
-    assert row[first + 1: first + 1 + kept].tolist() == choices[:kept].tolist()
+    for agreeing in sorted({0, min(2, tokens - 1), tokens - 1}):
+        row.zero_()
+        row[first + 1: first + 1 + agreeing] = choices[:agreeing]
+        row[first + 1 + agreeing: 22] = (choices[agreeing: tokens - 1] + 1) % vocab
+        pos.fill_(21)
+        ph.lm_head_argmax_pass(w, x, logits, row, pos, accept=True, **run)
+        kept = agreeing + 1  # the agreeing proposals, then the target's own token
+        assert int(pos) == first + kept, agreeing
+        assert row[first + 1: first + 1 + kept].tolist() == choices[:kept].tolist()
+        assert row[first + 1 + kept: 22].tolist() == \
+            ((choices[kept: tokens - 1] + 1) % vocab).tolist()  # refused ones stay
 
 
 # --------------------------------------------------------------------------------------
@@ -233,14 +240,16 @@ def test_split_k_leaves_the_counters_at_zero_and_repeats_to_the_bit():
 # Compiled for the book's GPUs (no GPU needed)
 # --------------------------------------------------------------------------------------
 
-# Run without TRITON_INTERPRET: every pass kernel at 16 tokens, `mma_configs`' tiling,
+# Run without TRITON_INTERPRET: every pass kernel at 16 tokens, `mma_configs`' tiling
+# (and the argmax's two reducers, one program or one a token),
 # for Chapter 6's target and the 1B model; BF16 everywhere, int8 at the 1B shape, FP32
 # at the target's on sm_90. A line a kernel; exit 1 if any spills.
 AOT_SCRIPT = """
 import sys, torch
 from gpuinfer.kernels import aot
 from gpuinfer.kernels.pass_mma import gemv_pass, gemv_silu_pass, mma_configs
-from gpuinfer.kernels.pass_mma_heads import lm_head_argmax_pass, qkv_rope_pass
+from gpuinfer.kernels.pass_mma_heads import (PassArgmaxWorkspace, lm_head_argmax_pass,
+                                             qkv_rope_pass)
 from gpuinfer.model.configs import model_config
 from gpuinfer.model.quant import Int8Matrix
 T = 16
@@ -274,6 +283,10 @@ for sm in aot.TARGETS:
             gemv_pass(m(h, i), t(T, i), x, residual=x, config=c["down"], pdl=pdl)
             lm_head_argmax_pass(m(v, h), x, t(T, v), t(64, d=torch.long), pos,
                                 norm=t(h), config=c["lm_head"], inline=False, pdl=pdl)
+            ws = PassArgmaxWorkspace("cpu", -(-v // c["lm_head"].block_n), rows=T)
+            lm_head_argmax_pass(m(v, h), x, t(T, v), t(64, d=torch.long), pos,
+                                norm=t(h), config=c["lm_head"], inline=False,
+                                accept=True, pdl=pdl, workspace=ws)
         for name, _, kernel in done:
             assert aot.cubin_capability(kernel) == sm, name
             use = aot.resource_usage(kernel)
@@ -292,10 +305,11 @@ def test_pass_kernels_compile_for_sm_80_89_90_without_spills():
     out = run_output(proc)
     assert proc.returncode == 0, out
     lines = proc.stdout.splitlines()
-    assert len(lines) == 3 * 3 * 6 + 6, out  # 6 kernels a run (argmax_reduce too)
+    # 8 launches a run: 5 products, argmax_reduce, the lm_head again and accept_kernel
+    assert len(lines) == 3 * 3 * 8 + 8, out
     for sm in (80, 89, 90):
         for kernel in ("qkv_rope_pass_kernel", "gemv_pass_kernel",
-                       "gemv_silu_pass_kernel", "lm_head_pass_kernel"):
+                       "gemv_silu_pass_kernel", "lm_head_pass_kernel", "accept_kernel"):
             assert any(line.startswith(f"sm_{sm} ") and kernel in line
                        for line in lines), out
     assert all("'stack': 0," in line for line in lines), out

@@ -35,11 +35,12 @@ from gpuinfer.decode.interface import check_keys
 from gpuinfer.decode.triton_step import TritonDecoder
 from gpuinfer.kernels.attention import decode_attention
 from gpuinfer.kernels.common import Workspace
-from gpuinfer.kernels.embed_head import ArgmaxWorkspace, embed
+from gpuinfer.kernels.embed_head import embed
 from gpuinfer.kernels.pass_attention import pass_attention
 from gpuinfer.kernels.pass_mma import (MAX_TOKENS, MmaConfig, gemv_pass, gemv_silu_pass,
                                        mma_configs)
-from gpuinfer.kernels.pass_mma_heads import lm_head_argmax_pass, qkv_rope_pass
+from gpuinfer.kernels.pass_mma_heads import (PassArgmaxWorkspace, lm_head_argmax_pass,
+                                             qkv_rope_pass)
 from gpuinfer.kernels.tiling import GEMVS, PAIRED
 
 
@@ -116,8 +117,8 @@ class MmaPassDecoder(TritonDecoder):
         vocab = self.lm_head.shape[0]
         blocks = max(triton.cdiv(vocab, c.block_n)
                      for c in (self.configs["lm_head"], self.pass_tiling["lm_head"]))
-        self.argmax_workspace = ArgmaxWorkspace(self.device, blocks,
-                                                rows=self.max_query)
+        self.argmax_workspace = PassArgmaxWorkspace(self.device, blocks,
+                                                    rows=self.max_query)
 
     def device_pass(self, query: int = 1, accept: bool = False) -> None:
         """As `TritonDecoder.device_pass`; a pass of 2 ... max_query tokens on the
