@@ -9,10 +9,14 @@ tiling) and runs a pass of 2 ... 16 tokens on `kernels.pass_mma`'s products inst
 which multiply the T tokens by each weight tile in one `tl.dot`:
 
 - `qkv_rope_pass` (RMSNorm, q/k/v, rotary, the cache write of the T slots),
-- `decode_attention` and `embed` as the step runs them (they already take T rows),
+- attention: where the step reads the cache in one program a head, `pass_attention`
+  (16 query rows a program, several tokens reading the cache once); else
+  `decode_attention` as the step runs it, each token in programs of its own;
+- `embed` as the step runs it (it already takes T rows),
 - `gemv_pass` for the o-projection and the down-projection (with the residual),
 - `gemv_silu_pass` (RMSNorm, gate/up, SiLU(gate) * up),
-- `lm_head_argmax_pass` (each token's logits; the acceptance of `verify_step`).
+- `lm_head_argmax_pass` (each token's logits; the acceptance of `verify_step`, a
+  program a token: the decoder's argmax workspace is a `PassArgmaxWorkspace`).
 
 Everything else (prefill, `verify_step`, `pass_logits`, capture, `generate`, the
 speculative pair of `decode.speculative`) is the parent's, which reaches the passes
