@@ -77,6 +77,18 @@ def test_a_cache_longer_than_one_tile_a_pass_of_17_or_8_rows_a_program_is_refuse
         pass_attention(randn(17, 64), cache, cache, torch.tensor([20], device=DEVICE))
 
 
+def test_an_out_of_another_shape_or_q_of_part_of_a_head_is_refused():
+    """Refused before the launch: a one-token out (a pass would write past its end) and
+    q columns that are not whole query heads of every key/value head."""
+    cache, pos = randn(2, 40, 16), torch.tensor([20], device=DEVICE)
+    out = poisoned(64, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"out of shape \(64,\).*q of \(3, 64\)"):
+        pass_attention(randn(3, 64), cache, cache, pos, out)
+    assert out.isnan().all()  # untouched
+    with pytest.raises(ValueError, match="q of 48 columns for 2 key/value heads of 16"):
+        pass_attention(randn(3, 48), cache, cache, pos)
+
+
 # Run without TRITON_INTERPRET: the kernel for sm_90 (PDL) and sm_80, at the 1B model's
 # heads (8 key/value heads of 4 queries, head_dim 64) over 256 slots, 5 and 16 tokens
 # (2 and 4 programs a head of 16 rows), BF16 and FP32 (the checks' caches).

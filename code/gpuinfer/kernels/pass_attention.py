@@ -112,6 +112,9 @@ def pass_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         raise ValueError(f"q of shape {tuple(q.shape)}: a pass is (T, heads * d) with "
                          f"1 <= T <= {FRESH}")
     tokens = q.shape[0]
+    if q.shape[1] % (n_kv * head_dim) or q.shape[1] == 0:
+        raise ValueError(f"q of {q.shape[1]} columns for {n_kv} key/value heads of "
+                         f"{head_dim}: a whole number of query heads per key/value head")
     group = q.shape[1] // (n_kv * head_dim)
     block_s = block_s or max(16, triton.next_power_of_2(capacity))
     check_pow2(head_dim=head_dim, block_s=block_s, block_r=block_r)
@@ -124,12 +127,14 @@ def pass_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                          "use attention.decode_attention")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and q.is_contiguous()):
         raise ValueError("q and the cache must be contiguous")
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype
+                            or not out.is_contiguous()):
+        raise ValueError(f"out of shape {tuple(out.shape)} ({out.dtype}) for q of "
+                         f"{tuple(q.shape)} ({q.dtype}): they must match, contiguous")
     out = torch.empty_like(q) if out is None else out
     pass_attention_kernel[(n_kv, triton.cdiv(tokens * group, block_r))](
         q, k_cache, v_cache, pos, out, capacity * head_dim, head_dim**-0.5,
-        GROUP=group, TOKENS=tokens,
-        BLOCK_R=block_r,
-        HEAD_DIM=head_dim, BLOCK_S=block_s, FRESH=FRESH,
-        UPCAST=INTERPRETED or q.dtype == torch.float32, PDL=pdl,
-        **launch_options(num_warps, 1, pdl))
+        GROUP=group, TOKENS=tokens, BLOCK_R=block_r, HEAD_DIM=head_dim,
+        BLOCK_S=block_s, FRESH=FRESH, UPCAST=INTERPRETED or q.dtype == torch.float32,
+        PDL=pdl, **launch_options(num_warps, 1, pdl))
     return out
