@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gpuinfer.kernels.attention import slots_seen
 from gpuinfer.kernels.common import (INTERPRETED, check_pow2, launch_options, pdl_wait,
                                      round_to)
 
@@ -76,9 +77,9 @@ def pass_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, cache_head_stride
     if UPCAST:  # FP32 caches, and the interpreter, whose tl.dot has no BF16
         q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
         k_new, v_new = k_new.to(tl.float32), v_new.to(tl.float32)
-    # Token t sees slots 0 ... first + t, clamped as `attention.slots_seen` clamps a
-    # step's: at least slot 0, at most the whole cache.
-    seen = tl.minimum(tl.maximum(first + t + 1, 1), capacity)[:, None]
+    # Token t sees slots 0 ... first + t, clamped as a step's are: at least slot 0, at
+    # most the whole cache.
+    seen = slots_seen(first + t, capacity)[:, None]
     s_old = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
     s_old = tl.where(old[None, :] & (slots[None, :] < seen), s_old, float("-inf"))
     s_new = tl.dot(q, tl.trans(k_new), input_precision=PRECISION) * scale
