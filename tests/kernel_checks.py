@@ -38,6 +38,19 @@ def run_output(proc: subprocess.CompletedProcess) -> str:
     return proc.stdout + proc.stderr[-3000:]
 
 
+def unspilled_lines(script: str, count: int) -> tuple[list[str], str]:
+    """The lines `script` printed (one a compiled kernel, with its
+    `aot.resource_usage`), once checked: it exited 0, printed `count` lines, and no
+    kernel spilled ('stack': 0). Returns them and the output a failed check shows."""
+    proc = compiled_run(script)
+    out = run_output(proc)
+    assert proc.returncode == 0, out
+    lines = proc.stdout.splitlines()
+    assert len(lines) == count, out
+    assert all("'stack': 0," in line for line in lines), out
+    return lines, out
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in FP64: NaN if any element of out is NaN."""
     out, ref = out.double().cpu(), ref.double().cpu()

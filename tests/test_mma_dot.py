@@ -27,7 +27,7 @@ if common.INTERPRETED:  # ours are not in interpret.MODULES: decorated again, in
     ph = importlib.reload(ph)
 
 from kernel_checks import (  # noqa: E402,F401
-    DEVICE, compiled_run, quiet_numpy, randn, rel_err, run_output)
+    DEVICE, quiet_numpy, randn, rel_err, unspilled_lines)
 PDL = common.pdl_supported(DEVICE)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 C = pm.MmaConfig
@@ -115,9 +115,4 @@ for chains in (8, 16):
 
 
 def test_chained_kernels_compile_for_sm_90_without_spills():
-    proc = compiled_run(AOT_SCRIPT)
-    out = run_output(proc)
-    assert proc.returncode == 0, out
-    lines = proc.stdout.splitlines()
-    assert len(lines) == 4, out
-    assert all("'stack': 0," in line for line in lines), out
+    unspilled_lines(AOT_SCRIPT, 4)

@@ -17,7 +17,7 @@ from gpuinfer.kernels import common  # noqa: E402
 from gpuinfer.kernels.pass_attention import pass_attention  # noqa: E402
 
 from kernel_checks import (  # noqa: E402
-    DEVICE, compiled_run, poisoned, randn, rel_err, run_output)
+    DEVICE, poisoned, randn, rel_err, unspilled_lines)
 
 PDL = common.pdl_supported(DEVICE)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
@@ -110,9 +110,4 @@ for cap in (90, 80):
 
 
 def test_the_kernel_compiles_for_sm_90_and_sm_80_without_spills():
-    proc = compiled_run(AOT_SCRIPT)
-    out = run_output(proc)
-    assert proc.returncode == 0, out
-    lines = proc.stdout.splitlines()
-    assert len(lines) == 8, out
-    assert all("'stack': 0," in line for line in lines), out
+    unspilled_lines(AOT_SCRIPT, 8)
