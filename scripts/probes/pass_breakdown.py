@@ -206,15 +206,7 @@ def whole(label, model, best, queries, rounds):
     tuned = MmaPassDecoder(model, capacity=cap, max_query=max(queries),
                            pass_tiling=best)
     say(f"{label}: (c) tuned tiling {tuned.pass_tiling}")
-    p, ids = sm.prompt(sm.PROMPT, vocab), sm.prompt(max(queries), vocab, seed=5)
-    steps, passes = sm.forced(tuned, p, ids, queries)
-    for t, got in passes.items():
-        ref = steps[:t]
-        diff = (ref - got).abs().max().item()
-        top1 = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
-        flag = "" if top1 == 1 else "  DISAGREES"
-        say(f"{label} check tuned T={t}: max |diff| {diff:.3g} "
-            f"(rel {diff / ref.abs().max().item():.2g}), top-1 {top1:.3f}{flag}")
+    check_passes(f"{label} check tuned", tuned, vocab, queries)
     fns = {}
     with torch.no_grad():
         for dec in (alone, rule, tuned):
@@ -223,13 +215,33 @@ def whole(label, model, best, queries, rounds):
         for q in queries:
             fns["rule", q] = sm.ready(rule, q)
             fns["tuned", q] = sm.ready(tuned, q)
+    in_steps(f"{label} (c)", fns, rounds, width=14)
+
+
+def check_passes(label, dec, vocab, queries):
+    """A decoder's passes against its own steps, teacher-forced: max |diff| and top-1,
+    a line each T."""
+    p, ids = sm.prompt(sm.PROMPT, vocab), sm.prompt(max(queries), vocab, seed=5)
+    steps, passes = sm.forced(dec, p, ids, queries)
+    for t, got in passes.items():
+        ref = steps[:t]
+        diff = (ref - got).abs().max().item()
+        top1 = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
+        flag = "" if top1 == 1 else "  DISAGREES"
+        say(f"{label} T={t}: max |diff| {diff:.3g} "
+            f"(rel {diff / ref.abs().max().item():.2g}), top-1 {top1:.3f}{flag}")
+
+
+def in_steps(label, fns, rounds, width):
+    """{name: replay} ("step" among them) timed in interleaved rounds, each printed in
+    µs and in steps (its time over the step's, round by round: median, low-high)."""
     reps = 2 if SMOKE else sm.REPLAYS
     timed = interleaved_rounds({n: lambda f=f: [f() for _ in range(reps)]
                                 for n, f in fns.items()},
                                rounds=rounds, per_call=reps / 1e3)
     for name in fns:
         med, lo, hi = sm.ratio(timed, name, "step")
-        say(f"{label} (c) {str(name):14s} {timed[name].median:8.1f} µs = {med:.3f} "
+        say(f"{label} {str(name):{width}s} {timed[name].median:8.1f} µs = {med:.3f} "
             f"steps ({lo:.3f}-{hi:.3f})")
 
 

@@ -29,9 +29,7 @@ import pass_breakdown as pb  # say, shape_config, smoke_sizes, sm (spec_mma)
 from gpuinfer.decode.speculative import repeatable
 from gpuinfer.decode.triton_pass import MmaPassDecoder
 from gpuinfer.decode.triton_step import TritonDecoder
-from gpuinfer.kernels.common import compile_ahead
 from gpuinfer.kernels.pass_mma import MmaConfig
-from gpuinfer.measure.rounds import interleaved_rounds
 from gpuinfer.model.configs import build_model
 
 sm, say = pb.sm, pb.say
@@ -80,18 +78,6 @@ def build(model, tiling, attention, warps):
     return dec
 
 
-def check(label, name, dec, vocab):
-    p, ids = sm.prompt(sm.PROMPT, vocab), sm.prompt(max(QUERIES), vocab, seed=5)
-    steps, passes = sm.forced(dec, p, ids, QUERIES)
-    for t, got in passes.items():
-        ref = steps[:t]
-        diff = (ref - got).abs().max().item()
-        top1 = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
-        say(f"{label} check {name} T={t}: max |diff| {diff:.3g} (rel "
-            f"{diff / ref.abs().max().item():.2g}), top-1 {top1:.3f}"
-            + ("" if top1 == 1 else "  DISAGREES"))
-
-
 def shape(label, rounds, trace):
     config = pb.shape_config(label)
     gpu = torch.cuda.is_available()
@@ -102,7 +88,7 @@ def shape(label, rounds, trace):
         decs[name] = build(model, tiling, attention, warps)
         if name == "rule":
             say(f"{label} rule: {decs[name].pass_tiling}")
-        check(label, name, decs[name], vocab)
+        pb.check_passes(f"{label} check {name}", decs[name], vocab, QUERIES)
     alone = TritonDecoder(model, capacity=sm.CAPACITY)
     fns = {}
     with torch.no_grad():
@@ -112,14 +98,7 @@ def shape(label, rounds, trace):
             dec.prefill(sm.prompt(sm.PROMPT, vocab))
             for q in QUERIES:
                 fns[name, q] = sm.ready(dec, q)
-    reps = 2 if pb.SMOKE else sm.REPLAYS
-    timed = interleaved_rounds({n: lambda f=f: [f() for _ in range(reps)]
-                                for n, f in fns.items()},
-                               rounds=rounds, per_call=reps / 1e3)
-    for name in fns:
-        med, lo, hi = sm.ratio(timed, name, "step")
-        say(f"{label} {str(name):28s} {timed[name].median:8.1f} µs = {med:.3f} steps "
-            f"({lo:.3f}-{hi:.3f})")
+    pb.in_steps(label, fns, rounds, width=28)
     if trace and gpu:
         from spec_trace import charged
         from gpuinfer.measure.profiling import profile_steps
