@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from gpuinfer.measure import timing
+from gpuinfer.measure.steps import decode_steps
 from gpuinfer.measure.timing import HostClockWarning, Timing, benchmark
 from gpuinfer.measure.rounds import (Rounds, at_fast_pace, decode_rounds, interleaved_rounds,
-                                     paced_rounds, time_call)
+                                     paced_rounds, split_rounds, time_call)
 
 
 def test_wall_seconds_returns_the_result_and_its_time():
@@ -149,6 +150,20 @@ def test_paced_rounds_read_the_pace_before_each_call_untimed(monkeypatch):
     assert paces.times_ms == {"a": (3.0, 9.0), "b": (5.0, 7.0)}
     with pytest.raises(ValueError, match="rounds >= 1"):
         paced_rounds({"a": takes("a", 1)}, pace, rounds=0)
+
+
+def test_split_rounds_keep_the_pace_only_when_asked():
+    def generation():  # a prefill, then 2 decode steps (new_tokens 3)
+        for _ in decode_steps(range(2)):
+            pass
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HostClockWarning)
+        plain = split_rounds({"g": generation}, 3, rounds=2)
+        paced = split_rounds({"g": generation}, 3, rounds=2, pace=lambda: 7.0)
+    assert plain.pace is None
+    assert paced.pace.times_ms == {"g": (7.0, 7.0)}
+    assert paced.typical.rounds == 2
 
 
 def test_at_fast_pace_splits_the_readings_at_the_fastest_among_all():

@@ -212,15 +212,18 @@ class SplitRounds:
     decode: Rounds  # those steps, per step: their mean (the prefill excluded)
     typical: Rounds  # those steps' median: the typical step, slow outliers left out
     steps_ms: dict[Hashable, tuple[tuple[float, ...], ...]]  # each round's step times
+    pace: Rounds | None = None  # the host's pace read before each call (`paced_rounds`)
 
 
 def split_rounds(fns: dict[Hashable, Callable[[], object]], new_tokens: int, *,
-                 rounds: int = 5, warmup: int = 0) -> SplitRounds:
+                 rounds: int = 5, warmup: int = 0,
+                 pace: Callable[[], float] | None = None) -> SplitRounds:
     """Time each generation `fns[name]()` (of `new_tokens` tokens) in interleaved rounds,
     and split every call at the step clock's marks: a timestamp at the call's start, then
     one at every decode-step boundary (CUDA events, which cost no sync; the host clock on
     a CPU). The last new_tokens - 1 steps are the decode part; everything before them is
-    the prefill and the first token (for V0, which has no prefill, its first step)."""
+    the prefill and the first token (for V0, which has no prefill, its first step).
+    With `pace`, the host's pace is read before every call (`paced_rounds`)."""
     if new_tokens < 2:
         raise ValueError(f"need at least 2 new tokens to have a decode step, got {new_tokens}")
     clocks: dict[Hashable, list] = {name: [] for name in fns}
@@ -231,8 +234,13 @@ def split_rounds(fns: dict[Hashable, Callable[[], object]], new_tokens: int, *,
             fns[name]()
         clocks[name].append(clock)
 
-    whole = interleaved_rounds({name: functools.partial(clocked, name) for name in fns},
-                               rounds=rounds, warmup=warmup, per_call=new_tokens)
+    calls = {name: functools.partial(clocked, name) for name in fns}
+    paces = None
+    if pace is None:
+        whole = interleaved_rounds(calls, rounds=rounds, warmup=warmup, per_call=new_tokens)
+    else:
+        whole, paces = paced_rounds(calls, pace, rounds=rounds, warmup=warmup,
+                                    per_call=new_tokens)
     n = new_tokens - 1  # decode steps
     prefill, decode, typical, steps_ms = {}, {}, {}, {}
     for name, kept in clocks.items():
@@ -244,4 +252,4 @@ def split_rounds(fns: dict[Hashable, Callable[[], object]], new_tokens: int, *,
         typical[name] = tuple(statistics.median(t[-n:]) for t in times)
         steps_ms[name] = tuple(tuple(t[1:]) for t in times)  # every marked step
     return SplitRounds(whole, Rounds(prefill, whole.clock), Rounds(decode, whole.clock),
-                       Rounds(typical, whole.clock), steps_ms)
+                       Rounds(typical, whole.clock), steps_ms, paces)
