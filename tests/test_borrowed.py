@@ -75,3 +75,22 @@ def test_the_same_glue_names_with_a_baseline_and_without(book):
     assert found.glue_values() == found.stock.glue_values()  # its one variant: static
     assert found.glue_values()["stock_static_fresh_ms"] == 1.6
     assert all(math.isnan(v) for v in none.glue_values().values())
+
+
+def test_one_lookup_serves_every_kind_of_kept_value(book):
+    """`kept` reads any file a chapter keeps, through the reader it is given: the stock
+    baselines above and the timings of gpuinfer.report.shared alike."""
+    from gpuinfer.report.borrowed import kept
+
+    folder = book / "book" / "_recorded" / "02_decode"
+    (folder / "probe.json").write_text('{"gpu": "NVIDIA H200"}')
+    read = lambda path: ({"gpu": "NVIDIA H200"}, path.read_text())  # noqa: E731
+    value, source = kept("02_decode", "probe.json", {"gpu": "NVIDIA H200"}, read, "probed",
+                         start=book)
+    assert value == '{"gpu": "NVIDIA H200"}'
+    assert source == "probed in 02_decode's recording on NVIDIA H200"
+    value, source = kept("02_decode", "probe.json", {"gpu": None}, read, "probed",
+                         start=book)
+    assert value is None
+    assert source == ("02_decode's recording probed another workload (gpu 'NVIDIA H200' "
+                      "there, None here)")

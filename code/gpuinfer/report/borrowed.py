@@ -10,12 +10,16 @@ It is used only where it is the same workload: the same model config, dtype, pro
 number of new tokens, on a GPU of the same name. Anything else (a smoke run's toy model on a
 CPU, a reader's own GPU before the owning chapter was recorded on it, no recording) gives no
 baseline and says why, rather than a figure from another machine.
+
+The same lookup (`kept`: the file, plain or gzipped, a missing one, the workload's
+differences) serves the timings a chapter keeps for another (gpuinfer.report.shared).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from gpuinfer.measure.stock import StockBaselines, StockRun
 
@@ -47,23 +51,39 @@ def recordings_folder(start: Path | None = None) -> Path | None:
     return None
 
 
+def kept(chapter: str, file_name: str, workload: dict, read: Callable[[Path], tuple],
+         verb: str, *, start: Path | None = None) -> tuple[object | None, str]:
+    """What `chapter`'s recording kept as `file_name` (plain, or gzipped as the record
+    command keeps a chapter's files) for `workload` (its "gpu": this run's device name,
+    None on a CPU), and in words where it comes from, `verb` saying how it was made
+    ("measured"). `read` turns the file into the workload it was made for and the value.
+    No such file, or another workload's, gives None and says why; a damaged one raises
+    (`read`'s ValueError)."""
+    folder = recordings_folder(start)
+    found = [folder / chapter / n for n in (file_name, file_name + ".gz")
+             if folder and (folder / chapter / n).is_file()]
+    if not found:
+        return None, (f"no recording of {chapter} holds {file_name}: record {chapter} "
+                      f"first, on this GPU")
+    there, value = read(found[0])
+    if there != workload:
+        differ = ", ".join(f"{k} {there.get(k)!r} there, {v!r} here"
+                           for k, v in workload.items() if there.get(k) != v)
+        return None, (f"{chapter}'s recording {verb} another workload "
+                      f"({differ or 'other fields'})")
+    return value, f"{verb} in {chapter}'s recording on {workload.get('gpu')}"
+
+
+def _stock(path: Path) -> tuple[dict, StockBaselines]:
+    stock = StockBaselines.load(path)
+    return stock.workload(), stock
+
+
 def stock_from(chapter: str, *, config: str, dtype: str, prompt_len: int, new_tokens: int,
                gpu: str | None, start: Path | None = None) -> Borrowed:
     """The stock baselines that `chapter` measured on this workload (`gpu`: this run's
-    device name, None on a CPU), from its recording."""
+    device name, None on a CPU), from its recording (`kept`)."""
     wanted = {"config": config, "dtype": dtype, "prompt_len": prompt_len,
               "new_tokens": new_tokens, "gpu": gpu}
-    name = f"stock-{config}-{dtype}.json"
-    folder = recordings_folder(start)
-    # the record command keeps a chapter's files gzipped (as it does its traces)
-    found = [folder / chapter / n for n in (name, name + ".gz")
-             if folder and (folder / chapter / n).is_file()]
-    if not found:
-        return Borrowed(None, f"no recording of {chapter} holds {name}: record {chapter} "
-                              f"first, on this GPU")
-    stock = StockBaselines.load(found[0])
-    if stock.workload() != wanted:
-        differ = ", ".join(f"{k} {stock.workload()[k]!r} there, {v!r} here"
-                           for k, v in wanted.items() if stock.workload()[k] != v)
-        return Borrowed(None, f"{chapter}'s recording measured another workload ({differ})")
-    return Borrowed(stock, f"measured in {chapter}'s recording on {gpu}")
+    return Borrowed(*kept(chapter, f"stock-{config}-{dtype}.json", wanted, _stock,
+                          "measured", start=start))

@@ -7,7 +7,7 @@ pages that each time the same host-bound workload would disagree by that much. S
 chapter that owns a workload keeps its timings beside its recording (`keep`, into its
 artifact folder, which the record command stores gzipped), and a later chapter reads them
 (`borrow`) rather than timing the workload again, as gpuinfer.report.borrowed does for
-the stock baselines.
+the stock baselines, with the same lookup (`borrowed.kept`).
 
 They are used only for the same workload (the same model, dtype, prompt and new tokens)
 on a GPU of the same name. Anything else (a smoke run on a CPU, a GPU the owning chapter
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from gpuinfer.measure.rounds import Comparison
 from gpuinfer.measure.timing import Timing
-from gpuinfer.report.borrowed import recordings_folder
+from gpuinfer.report.borrowed import kept
 
 
 @dataclass(frozen=True)
@@ -51,14 +51,13 @@ def keep(folder: str | os.PathLike, name: str, workload: dict,
     return path
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> tuple[dict, dict[str, Timing]]:
     try:
         opened = gzip.open(path, "rt") if path.suffix == ".gz" else path.open()
         with opened as f:
             data = json.load(f)
-        return {"workload": data["workload"],
-                "timings": {k: Timing(tuple(v["times_ms"]), v["clock"])
-                            for k, v in data["timings"].items()}}
+        return data["workload"], {k: Timing(tuple(v["times_ms"]), v["clock"])
+                                  for k, v in data["timings"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path} is not a kept timing file ({exc!r}): record the chapter "
                          f"that measures it again") from None
@@ -66,20 +65,8 @@ def _read(path: Path) -> dict:
 
 def borrow(chapter: str, name: str, workload: dict, *, start: Path | None = None) -> Shared:
     """The timings `chapter` kept as `name` for `workload` (its "gpu": this run's device
-    name, None on a CPU), from its recording."""
-    folder = recordings_folder(start)
-    found = [folder / chapter / n for n in (f"{name}.json", f"{name}.json.gz")
-             if folder and (folder / chapter / n).is_file()]
-    if not found:
-        return Shared(None, f"no recording of {chapter} holds {name}.json: record "
-                            f"{chapter} first, on this GPU")
-    kept = _read(found[0])
-    if kept["workload"] != workload:
-        differ = ", ".join(f"{k} {kept['workload'].get(k)!r} there, {v!r} here"
-                           for k, v in workload.items() if kept["workload"].get(k) != v)
-        return Shared(None, f"{chapter}'s recording timed another workload "
-                            f"({differ or 'other fields'})")
-    return Shared(kept["timings"], f"timed in {chapter}'s recording on {workload.get('gpu')}")
+    name, None on a CPU), from its recording (gpuinfer.report.borrowed.kept)."""
+    return Shared(*kept(chapter, f"{name}.json", workload, _read, "timed", start=start))
 
 
 def apart(a: str, ours: Timing, b: str, theirs: Timing) -> Comparison:
