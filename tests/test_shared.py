@@ -2,6 +2,7 @@ import gzip
 
 import pytest
 
+from gpuinfer.measure.rounds import apart
 from gpuinfer.measure.timing import Timing
 from gpuinfer.report import shared
 
@@ -50,14 +51,19 @@ def test_a_damaged_file_names_itself_and_the_fix(tmp_path):
         shared.borrow("02_decode", "loops", WORKLOAD, start=tmp_path)
 
 
-def test_apart_takes_the_widest_range_the_two_spreads_allow():
-    ours, theirs = Timing((1.0, 1.2), "host"), Timing((3.0, 3.6), "host")
-    c = shared.apart("ours", ours, "theirs", theirs)
+def test_a_timing_here_against_a_borrowed_one_pairs_fastest_with_slowest(tmp_path):
+    folder = _book(tmp_path)
+    shared.keep(folder, "loops", WORKLOAD, {"V0": Timing((3.0, 3.6), "cuda-event")})
+    got = shared.borrow("02_decode", "loops", WORKLOAD, start=tmp_path)
+    ours = Timing((1.0, 1.2), "cuda-event")
+    c = got.against("ours", ours, "V0")
+    assert c == apart("ours", ours, "V0", got.get("V0"))
+    assert (c.a, c.b) == ("ours", "V0") and c.faster and c.rounds == 2
     assert c.ratio == pytest.approx(3.3 / 1.1)
     assert (c.low, c.high) == (pytest.approx(3.0 / 1.2), pytest.approx(3.6 / 1.0))
-    assert c.faster and c.rounds == 2
-    overlapping = shared.apart("a", Timing((1.0, 2.0), "host"), "b", Timing((1.5,), "host"))
-    assert not overlapping.separated
+    none = shared.borrow("02_decode", "loops", {**WORKLOAD, "gpu": None}, start=tmp_path)
+    with pytest.raises(ValueError, match="no timing of V0 to compare with: 02_decode's"):
+        none.against("ours", ours, "V0")
 
 
 def test_borrowed_rows_come_first_and_every_speed_up_is_over_their_naive_loop():

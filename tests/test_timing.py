@@ -8,8 +8,9 @@ import torch
 from gpuinfer.measure import timing
 from gpuinfer.measure.steps import decode_steps
 from gpuinfer.measure.timing import HostClockWarning, Timing, benchmark
-from gpuinfer.measure.rounds import (Rounds, at_fast_pace, decode_rounds, interleaved_rounds,
-                                     paced_rounds, split_rounds, time_call)
+from gpuinfer.measure.rounds import (Rounds, apart, at_fast_pace, decode_rounds,
+                                     interleaved_rounds, paced_rounds, split_rounds,
+                                     time_call)
 
 
 def test_wall_seconds_returns_the_result_and_its_time():
@@ -192,6 +193,17 @@ def test_overlapping_spreads_are_the_same_within_noise():
     assert c.words == "the same within this run's noise"
     assert c.sentence("A", "B").startswith("A and B take the same time within this run's noise")
 
+
+def test_apart_takes_the_widest_range_the_two_spreads_allow():
+    """Two sides timed in different rounds: each side's fastest round against the other's
+    slowest."""
+    ours, theirs = Timing((1.0, 1.2), "host"), Timing((3.0, 3.6), "host")
+    c = apart("ours", ours, "theirs", theirs)
+    assert c.ratio == pytest.approx(3.3 / 1.1)
+    assert (c.low, c.high) == (pytest.approx(3.0 / 1.2), pytest.approx(3.6 / 1.0))
+    assert c.faster and c.rounds == 2
+    overlapping = apart("a", Timing((1.0, 2.0), "host"), "b", Timing((1.5,), "host"))
+    assert not overlapping.separated and overlapping.rounds == 1
 
 def test_decode_rounds_subtract_the_first_token(monkeypatch):
     # A fake generation of n tokens that takes 10 ms of prefill and 2 ms per further token.

@@ -5,6 +5,8 @@ variants are timed in interleaved rounds: each round calls every variant once, i
 rotated by one from the round before, and a slow stretch hits every variant alike
 (`interleaved_rounds`). A variant's rounds give its spread; two variants' verdict
 (`Rounds.compare`, a `Comparison`) says "faster" only where their spreads do not overlap.
+Two variants timed in different rounds (another process's, another chapter's) are compared
+by `apart`, each side's fastest round paired with the other's slowest.
 A generation may be timed whole and with one token (`decode_rounds`), or split at its
 decode steps' marks into its prefill and its steps (`split_rounds`).
 """
@@ -197,6 +199,17 @@ class Comparison:
             return (f"{a} and {b} take the same time within this run's noise (their "
                     f"spreads over the {self.rounds} rounds overlap)")
         return f"{a} is {self.words} than {b} ({self.range})"
+
+
+def apart(a: Hashable, ours: Timing, b: Hashable, theirs: Timing) -> Comparison:
+    """`a` (timed as `ours`) against `b` (`theirs`), timed in other rounds (another
+    process's, another chapter's): `ratio` is theirs' median over ours' (above 1: a is
+    faster). Not timed in the same rounds, so the range is the widest the two spreads
+    allow: theirs' fastest round over ours' slowest, to theirs' slowest over ours'
+    fastest; `rounds` is the fewer of the two sides'."""
+    separated = ours.max < theirs.min or theirs.max < ours.min
+    return Comparison(a, b, theirs.median / ours.median, theirs.min / ours.max,
+                      theirs.max / ours.min, separated, min(ours.repeats, theirs.repeats))
 
 
 # --- a generation in two parts: the prefill, and the decode steps after it -----------------

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from gpuinfer.measure.rounds import Comparison, Rounds
+from gpuinfer.measure.rounds import Comparison, Rounds, apart
 from gpuinfer.measure.timing import Timing
 from gpuinfer.model.stock_generate import STOCK_LABELS
 
@@ -111,13 +111,11 @@ class StockRun:
     def against(self, name: str, ours: Timing) -> Comparison:
         """`ours` (decode ms per token over a chapter's rounds) against this variant. Not
         timed in the same rounds, so the range is the widest the two spreads allow: this
-        variant's fastest round over ours' slowest, to its slowest over ours' fastest."""
+        variant's fastest round over ours' slowest, to its slowest over ours' fastest
+        (`gpuinfer.measure.rounds.apart`)."""
         if not self.ok:
             raise ValueError(f"{self.label} failed in its fresh process: {self.error}")
-        separated = ours.max < self.low or self.high < ours.min
-        return Comparison(name, self.label, self.median / ours.median, self.low / ours.max,
-                          self.high / ours.min, separated, min(ours.repeats,
-                                                               len(self.decode_ms)))
+        return apart(name, ours, self.label, self.decode)
 
 
 @dataclass(frozen=True)

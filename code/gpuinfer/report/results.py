@@ -16,9 +16,8 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from gpuinfer.measure.rounds import Rounds
+from gpuinfer.measure.rounds import Rounds, apart
 from gpuinfer.measure.timing import Timing
-from gpuinfer.report.shared import apart
 
 GLUE_NAME = "decode_results"
 
@@ -102,7 +101,7 @@ def with_borrowed(rows: list[Result], ours: dict[str, Timing], borrowed: dict[st
     """Rows of `borrowed` (loops another chapter timed on the same workload, shown as it
     timed them) and then `rows` (timed here, `ours` their timings), every speed-up over
     `borrowed[v0]`. Not timed in the same rounds: each range pairs the fastest round of
-    one side with the slowest of the other (gpuinfer.report.shared.apart)."""
+    one side with the slowest of the other (gpuinfer.measure.rounds.apart)."""
     def over(name, t):
         c = apart(name, t, v0, borrowed[v0])
         return c.ratio, (c.low, c.high)

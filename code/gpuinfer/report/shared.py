@@ -7,7 +7,8 @@ pages that each time the same host-bound workload would disagree by that much. S
 chapter that owns a workload keeps its timings beside its recording (`keep`, into its
 artifact folder, which the record command stores gzipped), and a later chapter reads them
 (`borrow`) rather than timing the workload again, as gpuinfer.report.borrowed does for
-the stock baselines, with the same lookup (`borrowed.kept`).
+the stock baselines, with the same lookup (`borrowed.kept`). A timing of this chapter is
+compared with a borrowed one by `Shared.against`.
 
 They are used only for the same workload (the same model, dtype, prompt and new tokens)
 on a GPU of the same name. Anything else (a smoke run on a CPU, a GPU the owning chapter
@@ -22,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuinfer.measure.rounds import Comparison
+from gpuinfer.measure.rounds import Comparison, apart
 from gpuinfer.measure.timing import Timing
 from gpuinfer.report.borrowed import kept
 
@@ -38,6 +39,14 @@ class Shared:
     def get(self, name: str) -> Timing | None:
         """The timing called `name`, or None where there are no timings."""
         return None if self.timings is None else self.timings[name]
+
+    def against(self, name: str, ours: Timing, theirs: str) -> Comparison:
+        """`ours` (`name`'s timing, over this chapter's rounds) against the owning
+        chapter's timing `theirs`, over its rounds: each side's fastest round paired with
+        the other's slowest (gpuinfer.measure.rounds.apart)."""
+        if self.timings is None:
+            raise ValueError(f"no timing of {theirs} to compare with: {self.source}")
+        return apart(name, ours, theirs, self.timings[theirs])
 
 
 def keep(folder: str | os.PathLike, name: str, workload: dict,
@@ -67,13 +76,3 @@ def borrow(chapter: str, name: str, workload: dict, *, start: Path | None = None
     """The timings `chapter` kept as `name` for `workload` (its "gpu": this run's device
     name, None on a CPU), from its recording (gpuinfer.report.borrowed.kept)."""
     return Shared(*kept(chapter, f"{name}.json", workload, _read, "timed", start=start))
-
-
-def apart(a: str, ours: Timing, b: str, theirs: Timing) -> Comparison:
-    """`a` (timed as `ours`) against `b` (`theirs`), timed in other rounds (another
-    chapter's): `ratio` is theirs' median over ours' (above 1: a is faster). Not timed in
-    the same rounds, so the range is the widest the two spreads allow: theirs' fastest
-    round over ours' slowest, to theirs' slowest over ours' fastest."""
-    separated = ours.max < theirs.min or theirs.max < ours.min
-    return Comparison(a, b, theirs.median / ours.median, theirs.min / ours.max,
-                      theirs.max / ours.min, separated, min(ours.repeats, theirs.repeats))
