@@ -235,8 +235,9 @@ def test_a_draft_without_two_token_passes_is_refused(models):
 
 def test_a_pass_longer_than_the_targets_max_query_is_refused(models, prompt):
     _, spec = kernel_pair(*models, k=2)  # the target takes 2 ... 3 tokens
-    message = (r"a verify pass of 5 tokens: the target takes 2 \.\.\. 3 "
-               r"\(TritonDecoder\(\.\.\., max_query=\.\.\.\)\)")
+    message = (r"k = 4 proposals need a verify pass of 5 tokens: the target takes "
+               r"2 \.\.\. 3; build it with TritonDecoder\(\.\.\., max_query=5\), or "
+               r"pass k <= 2")
     with pytest.raises(ValueError, match=message):
         spec.one_pass(4)
     with pytest.raises(ValueError, match=message):
@@ -244,9 +245,6 @@ def test_a_pass_longer_than_the_targets_max_query_is_refused(models, prompt):
     assert 4 not in spec._passes
 
 
-@pytest.mark.xfail(strict=True, reason="issue 47: Speculative._start sets pos to 1 (and "
-                   "may capture) before one_pass refuses k, so a refused generate leaves "
-                   "the shared pos at 1 while host_pos still says the old position")
 @pytest.mark.parametrize("kind", ["kernels", "static"])
 def test_a_refused_k_leaves_the_sequence_as_it_was(models, prompt, kind):
     """generate with a k the pair cannot run (a pass longer than the target's max_query;
@@ -281,8 +279,6 @@ def test_position_reads_on_a_cpu_come_back_oldest_first():
     assert [reads.oldest(), reads.oldest()] == [9, 12] and reads.in_flight == 0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 47: PositionReads.queue past `most` reads "
-                   "in flight raises a bare StopIteration (next() of an empty generator)")
 def test_position_reads_refuse_more_in_flight_than_they_hold():
     reads = sp.PositionReads(torch.tensor([5]), most=2)
     reads.queue()
@@ -292,8 +288,6 @@ def test_position_reads_refuse_more_in_flight_than_they_hold():
     assert reads.in_flight == 2 and reads.oldest() == 5
 
 
-@pytest.mark.xfail(strict=True, reason="issue 47: PositionReads.oldest with none in "
-                   "flight raises deque's bare 'pop from an empty deque'")
 def test_position_reads_refuse_to_read_with_none_in_flight():
     reads = sp.PositionReads(torch.tensor([5]))
     with pytest.raises(ValueError, match="in flight"):

@@ -110,9 +110,12 @@ class KernelVerifier:
 
     def fn(self, query: int) -> Callable[[], None]:
         """The pass over `query` tokens (k + 1), as a function of nothing."""
-        if not 2 <= query <= self.target.max_query:
-            raise ValueError(f"a verify pass of {query} tokens: the target takes 2 ... "
-                             f"{self.target.max_query} (TritonDecoder(..., max_query=...))")
+        most = self.target.max_query
+        if not 2 <= query <= most:
+            raise ValueError(f"k = {query - 1} proposals need a verify pass of {query} "
+                             f"tokens: the target takes 2 ... {most}; build it with "
+                             f"TritonDecoder(..., max_query={query}), or pass k <= "
+                             f"{most - 1}")
         return lambda: self.target.verify_step(query)
 
 
@@ -182,12 +185,17 @@ class Speculative:
                 self.step()
         return steps
 
+    def check_k(self, k) -> None:
+        """Refuse k proposals a pass that the pair cannot run, before anything changes."""
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < MAX_QUERY:
+            raise ValueError(f"k = {k!r} proposals: an int between 1 and {MAX_QUERY - 1}")
+        self.verifier.fn(k + 1)  # refused if the target's passes are shorter
+
     def one_pass(self, k: int) -> Callable[[], object]:
         """A whole pass with k proposals: built once per k, a CUDA graph replay on a GPU
         when the mode captures by hand."""
         if k not in self._passes:
-            if not 1 <= k < MAX_QUERY:
-                raise ValueError(f"k = {k} proposals: between 1 and {MAX_QUERY - 1}")
+            self.check_k(k)
             draft, check = self.draft_fn(k), self.verifier.fn(k + 1)
 
             def run():
@@ -241,6 +249,7 @@ class Speculative:
         """Checks, the pass of k captured, and the prefill: (the pass, k, first slot), or
         None for no new tokens. Refused before the state changes."""
         k = self.k if k is None else k
+        self.check_k(k)
         check_prompt(self, prompt_ids, new_tokens, extra=k)  # a pass writes k + 1 past pos
         if new_tokens == 0:
             return None
@@ -299,6 +308,9 @@ class PositionReads:
 
     def queue(self) -> None:
         """The position as the pass just launched leaves it, on its way to the host."""
+        if len(self.slots) == len(self.host):
+            raise ValueError(f"{len(self.slots)} positions in flight: PositionReads holds "
+                             f"at most {len(self.host)}; read the oldest first")
         i = next(j for j in range(len(self.host)) if j not in self.slots)
         if self.cuda:
             self.host[i: i + 1].copy_(self.pos, non_blocking=True)
@@ -309,6 +321,8 @@ class PositionReads:
 
     def oldest(self) -> int:
         """The position after the oldest pass in flight, once it has ended."""
+        if not self.slots:
+            raise ValueError("no position in flight: queue() one after a pass")
         i = self.slots.popleft()
         if self.cuda:
             self.events[i].synchronize()
