@@ -265,6 +265,62 @@ def test_a_refused_k_leaves_the_sequence_as_it_was(models, prompt, kind):
     assert torch.equal(spec.tokens, before[2])
 
 
+@pytest.mark.parametrize("bad", [2.5, "2", True, 0, -1])
+def test_a_k_that_is_not_a_count_of_proposals_is_refused_with_the_state_unchanged(
+        models, prompt, bad):
+    """generate(k=2.5) (or "2", True, 0): a ValueError naming k, before the position
+    moves (the static pair: check_k runs before anything is shared or changed)."""
+    _, spec = pair(*models, k=3)
+    with torch.no_grad():
+        spec.prefill(prompt)
+    before = int(spec.pos), spec.host_pos, spec.tokens.clone()
+    with pytest.raises(ValueError, match=rf"k = {bad!r} proposals: an int between 1 and"):
+        spec.generate(prompt, 5, k=bad)
+    assert (int(spec.pos), spec.host_pos) == before[:2]
+    assert torch.equal(spec.tokens, before[2]) and bad not in spec._passes
+
+
+@pytest.mark.parametrize("k", [0, 2.5, 17])
+def test_a_bad_k_is_refused_at_construction_before_anything_is_shared(models, k):
+    target, draft = (StaticDecoder(m, 1, 64) for m in models)
+    with pytest.raises(ValueError,
+                       match=rf"k = {k!r} proposals: an int between 1 and 16"):
+        sp.Speculative(target, draft, k=k)
+    assert draft.tokens is not target.tokens and draft.pos is not target.pos
+
+
+def test_a_k_the_targets_passes_cannot_take_is_refused_at_construction(models):
+    target = TritonDecoder(models[0], capacity=64, max_query=3)
+    draft = TritonDecoder(models[1], capacity=64, max_query=2)
+    with pytest.raises(ValueError, match=r"k = 4 proposals need a verify pass of 5 "
+                                         r"tokens: the target takes 2 \.\.\. 3"):
+        sp.Speculative(target, draft)  # the default k = 4
+    assert draft.tokens is not target.tokens and draft.pos is not target.pos
+
+
+@pytest.mark.parametrize("kind", ["kernels", "static"])
+def test_a_draft_of_another_vocabulary_is_refused_before_anything_is_shared(models, kind):
+    """Refused before the pair shares the target's tokens and position: the draft used
+    alone afterwards moves its own position, not the target's."""
+    small = model_config("toy", vocab_size=48, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1)
+    other = build_model(small, seed=2, device=DEVICE)
+    if kind == "kernels":
+        target = TritonDecoder(models[0], capacity=64, max_query=5)
+        draft = TritonDecoder(other, capacity=64, max_query=2)
+    else:
+        target, draft = StaticDecoder(models[0], 1, 64), StaticDecoder(other, 1, 64)
+    with pytest.raises(ValueError, match="a draft of vocabulary 48 for a target of 64: "
+                                         "the two models must share one tokenizer"):
+        sp.Speculative(target, draft)
+    assert draft.tokens is not target.tokens and draft.pos is not target.pos
+    target_pos = int(target.pos)
+    with torch.no_grad():
+        draft.prefill(random_prompt(small, 5, device=DEVICE))
+    assert int(target.pos) == target_pos
+
+
 def test_position_reads_on_a_cpu_come_back_oldest_first():
     pos = torch.tensor([5])
     reads = sp.PositionReads(pos)

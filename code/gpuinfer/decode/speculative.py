@@ -148,19 +148,21 @@ class Speculative:
                              f"(graph={BY_HAND!r}) or not at all; cudagraph trees would "
                              "capture its parts apart")
         self.kernels = on_kernels(target, draft)
-        share_sequence(draft, target)
-        self.target, self.draft, self.k, self.mode = target, draft, k, mode
-        self.tokens, self.pos, self.capacity = target.tokens, target.pos, target.capacity
         if draft.vocab != target.vocab:  # each reads the other's tokens
             raise ValueError(f"a draft of vocabulary {draft.vocab} for a target of "
                              f"{target.vocab}: the two models must share one tokenizer")
+        # the mode's compiler options are Inductor's: not used by a pair of kernels
+        self.verifier = KernelVerifier(target) if self.kernels else Verifier(target,
+                                                                             mode=mode)
+        self.check_k(k)  # the pass of self.k, refused before the pair shares anything
+        share_sequence(draft, target)
+        self.target, self.draft, self.k, self.mode = target, draft, k, mode
+        self.tokens, self.pos, self.capacity = target.tokens, target.pos, target.capacity
         self.vocab = target.vocab
-        if self.kernels:  # the mode's compiler options are Inductor's: not used here
-            self.verifier = KernelVerifier(target)
+        if self.kernels:
             self.first_step, self.step = draft.refresh_step, draft.device_step
         else:
             self.refresh = torch.tensor(REFRESH, device=target.pos.device)
-            self.verifier = Verifier(target, mode=mode)
             self.first_step, self.step = self.draft_first_step, draft.device_step
             if mode.compiled:
                 self.first_step, self.step = (compiled(fn, mode)
