@@ -517,20 +517,19 @@ def test_tokens_of_refuses_other_shapes(x):
 OUT_OF_SHAPE = ["gemv-out", "gemv-residual", "gemv_silu-out", "attention-out"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 47: gemv, gemv_silu and decode_attention "
-                   "do not check out/residual against a pass's (T, N) shape; a (N,) "
-                   "buffer is written (or read) T rows long, past its end")
 @pytest.mark.parametrize("which", OUT_OF_SHAPE)
 def test_a_pass_into_a_one_token_buffer_is_refused(which):
     """x of T tokens with an out (or residual) of one token's shape: refused with the
     shapes named, before the kernel writes T rows into it. The buffers here are views
-    of longer ones, so that the writes the kernels make today land inside memory the
-    test owns."""
+    of longer ones, so that a write past them (what the kernels did before the check)
+    would land inside memory the test owns, and show."""
     n, k = 16, 32
     longer = torch.zeros(4096, device=DEVICE)  # longer than any pass writes here
     one_row = longer[:n]
     x = randn(T, k, seed=6)
-    with pytest.raises(ValueError, match="shape"):
+    width = 4 * 16 if which == "attention-out" else n
+    both = rf"of shape \({width},\) for a pass of shape \({T}, {width}\)"
+    with pytest.raises(ValueError, match=both):
         if which == "gemv-out":
             gemv(randn(n, k), x, one_row, config=GemvConfig(16, 32))
         elif which == "gemv-residual":
@@ -579,7 +578,8 @@ def test_qkv_rope_refuses_a_q_of_another_pass():
     w, x = randn(8 * 16, 64, seed=1), randn(T, 64)
     cos, sin = rotary_tables(8, 16, torch.float32)
     cache = torch.zeros(2, 8, 16, device=DEVICE)
-    with pytest.raises(ValueError, match=f"q of 64 elements for {T} tokens"):
+    with pytest.raises(ValueError, match=rf"q of shape \(64,\) for a pass of shape "
+                                         rf"\({T}, 64\)"):
         rotary.qkv_rope(w, x, torch.zeros(64, device=DEVICE), cache, cache.clone(), cos,
                         sin, torch.tensor([4], device=DEVICE), n_heads=4)
 
@@ -725,7 +725,8 @@ def test_an_argmax_workspace_for_fewer_tokens_is_refused():
     with pytest.raises(ValueError, match=f"need {T} x 4"):
         am.lm_head_argmax(w, x, poisoned(T, VOCAB, dtype=torch.float32), tokens, pos,
                           config=HEAD, workspace=ws)
-    with pytest.raises(ValueError, match=f"logits of {VOCAB} elements for {T} x"):
+    with pytest.raises(ValueError, match=rf"logits of shape \({VOCAB},\) for a pass of "
+                                         rf"shape \({T}, {VOCAB}\)"):
         am.lm_head_argmax(w, x, poisoned(VOCAB, dtype=torch.float32), tokens, pos,
                           config=HEAD)
     assert int(pos) == 4 and tokens.eq(0).all()

@@ -184,8 +184,8 @@ def test_lm_head_argmax_pass(tokens, weights, mode, dtype):
 
 
 def test_a_pass_into_a_one_token_buffer_is_refused():
-    """The check the step kernels lack (test_kernels' strict xfail): out or residual
-    of one token's shape for a pass of 3, refused with both shapes named."""
+    """The check the step kernels share (`gemv.pass_outputs`): out or residual of one
+    token's shape for a pass of 3, refused with both shapes named."""
     n, k = 16, 32
     w, x = randn(n, k), randn(3, k)
     with pytest.raises(ValueError, match=r"out of shape \(16,\).*pass of shape \(3, "):

@@ -43,6 +43,7 @@ import triton.language as tl
 
 from gpuinfer.kernels.common import (INTERPRETED, arrive, check_pow2, launch_options,
                                      pdl_wait, round_to)
+from gpuinfer.kernels.gemv import pass_outputs
 
 
 @triton.jit
@@ -235,7 +236,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     capacity, d); pos a one-element tensor (past the cache: all its slots, below 0:
     slot 0). Returns (heads * d,) in q's dtype. q (T, heads * d): a pass of T tokens at
     slots pos - T + 1 ... pos, each over the slots up to its own, in programs of its
-    own (grid axis 2), each the step's program at its slot; returns (T, heads * d)."""
+    own (grid axis 2), each the step's program at its slot; returns (T, heads * d).
+    `out`, if given, has q's shape, or is refused before any launch."""
     n_kv, capacity, head_dim = k_cache.shape
     rows = 1 if q.dim() == 1 else q.shape[0]
     group = q.shape[-1] // (n_kv * head_dim)
@@ -244,6 +246,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError("tl.dot needs head_dim >= 16 and block_s >= 16")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and q.is_contiguous()):
         raise ValueError("q and the cache must be contiguous")
+    pass_outputs(q, q.shape[-1], q.shape[-1], out=out)  # out: q's shape, or refused
     out = torch.empty_like(q) if out is None else out
     ws = workspace or AttentionWorkspace(q.device, n_kv, group, head_dim, n_split, rows)
     if ws.n_split != n_split or ws.counters.numel() < rows * n_kv:

@@ -57,7 +57,7 @@ import triton.language as tl
 from gpuinfer.kernels.attention import decode_attention_reference, slots_seen
 from gpuinfer.kernels.common import (INTERPRETED, Workspace, check_pow2, launch_options,
                                      pdl_wait, round_to)
-from gpuinfer.kernels.gemv import GemvConfig, tokens_of
+from gpuinfer.kernels.gemv import GemvConfig, pass_outputs, tokens_of
 from gpuinfer.kernels.qkv_rope import qkv_rope_reference
 from gpuinfer.kernels.tile import INTERPRET, prefetch, rows_dot
 from gpuinfer.model.quant import Int8Matrix, unpack
@@ -308,13 +308,8 @@ def qkv_rope_attention(w: torch.Tensor | Int8Matrix, x: torch.Tensor, q: torch.T
         raise ValueError(f"rotary tables {tuple(cos.shape)}, {tuple(sin.shape)} for a "
                          f"cache of {capacity} slots of {head_dim}: make them "
                          f"(capacity, head_dim)")
-    if q.shape != (n_heads * head_dim,) or not q.is_contiguous():
-        raise ValueError(f"q of shape {tuple(q.shape)}: ({n_heads * head_dim},), "
-                         "contiguous")
+    pass_outputs(x, k, n_heads * head_dim, q.dtype, q=q, out=out)  # (heads * d,) each
     out = torch.empty_like(q) if out is None else out
-    if out.shape != q.shape or not out.is_contiguous() or out.dtype != q.dtype:
-        raise ValueError(f"out of shape {tuple(out.shape)} ({out.dtype}): q's "
-                         f"{tuple(q.shape)} ({q.dtype})")
     if not all(t.is_contiguous() for t in (k_cache, v_cache, cos, sin)):
         raise ValueError("the cache and the rotary tables must be contiguous")
     if pos.numel() != 1:

@@ -25,7 +25,7 @@ import triton.language as tl
 from gpuinfer.model.llama import rms_norm
 from gpuinfer.kernels.common import (arrive, check_pow2, launch_options, pdl_wait,
                                      round_to)
-from gpuinfer.kernels.gemv import GemvConfig, tokens_of
+from gpuinfer.kernels.gemv import GemvConfig, pass_outputs, tokens_of
 from gpuinfer.kernels.tile import prefetch, rows_dots
 from gpuinfer.model.quant import Int8Matrix, matvec_fp32, unpack
 
@@ -188,14 +188,12 @@ def lm_head_argmax(w: torch.Tensor | Int8Matrix, x: torch.Tensor, logits: torch.
     n, k = w.shape
     if config.split_k != 1:
         raise ValueError("the lm_head argmax has no split-K (one program per block)")
-    rows = tokens_of(x, k)
+    rows, _ = pass_outputs(x, k, n, logits=logits)  # logits: (T, vocab), or refused
     blocks = triton.cdiv(n, config.block_n)
     ws = workspace or ArgmaxWorkspace(w.device, blocks, rows=rows)
     if ws.best.numel() < rows * blocks:
         raise ValueError(f"argmax workspace holds {ws.best.numel()} block maxima, "
                          f"need {rows} x {blocks}")
-    if logits.numel() < rows * n:
-        raise ValueError(f"logits of {logits.numel()} elements for {rows} x {n}")
     lm_head_argmax_kernel[(blocks,)](
         w, scale, x, norm, logits, ws.best, ws.best_idx, ws.counter, tokens, pos,
         n, k, w.stride(0), eps, tokens.numel(),

@@ -172,15 +172,38 @@ def tokens_of(x: torch.Tensor, k: int) -> int:
     return 1 if x.dim() == 1 else x.shape[0]
 
 
-def _launch_plan(config: GemvConfig, w: torch.Tensor, x: torch.Tensor, n: int,
-                 rows_per_out: int, out: torch.Tensor | None,
-                 workspace: Workspace | None) -> tuple[int, torch.Tensor, Workspace, tuple]:
-    """What a launch of `n` outputs a vector of x needs, read off w (., K) and x: how many
-    vectors x holds, the output ((n,) or (tokens, n), a fresh one if none is given), the
-    workspace (`workspace_for`) and the grid."""
-    k = w.shape[1]
+def pass_outputs(x: torch.Tensor, k: int, n: int, dtype: torch.dtype | None = None,
+                 **buffers: torch.Tensor | None) -> tuple[int, tuple[int, ...]]:
+    """How many vectors x holds (`tokens_of`) and the shape of a launch's output, n a
+    vector: (n,) for x (k,), (T, n) for x (T, k). Each buffer given by name (out=,
+    residual=, q=, logits=; None: not given) must have that shape, contiguous (and
+    `dtype`, if given), or is refused naming both shapes, before any launch: the
+    kernels write and read T rows of n, and a one-token buffer would be written past
+    its end. Every launcher that takes a pass checks its buffers here."""
     tokens = tokens_of(x, k)
     shape = (n,) if x.dim() == 1 else (tokens, n)
+    for name, t in buffers.items():
+        if t is None:
+            continue
+        if tuple(t.shape) != shape or not t.is_contiguous() or \
+                (dtype is not None and t.dtype != dtype):
+            of = "" if dtype is None else f" ({t.dtype})"
+            want = "" if dtype is None else f" ({dtype})"
+            raise ValueError(f"{name} of shape {tuple(t.shape)}{of} for a pass of shape "
+                             f"{shape}{want}: they must match, contiguous")
+    return tokens, shape
+
+
+def _launch_plan(config: GemvConfig, w: torch.Tensor, x: torch.Tensor, n: int,
+                 rows_per_out: int, out: torch.Tensor | None,
+                 workspace: Workspace | None, residual: torch.Tensor | None = None,
+                 ) -> tuple[int, torch.Tensor, Workspace, tuple]:
+    """What a launch of `n` outputs a vector of x needs, read off w (., K) and x: how many
+    vectors x holds, the output ((n,) or (tokens, n), a fresh one if none is given; out
+    and residual checked, `pass_outputs`), the workspace (`workspace_for`) and the
+    grid."""
+    k = w.shape[1]
+    tokens, shape = pass_outputs(x, k, n, out=out, residual=residual)
     out = torch.empty(shape, device=w.device, dtype=x.dtype) if out is None else out
     ws = workspace_for(config, n, k, rows_per_out, workspace, w.device, tokens)
     return tokens, out, ws, config.grid(n, k)
@@ -193,15 +216,17 @@ def gemv(w: torch.Tensor | Int8Matrix, x: torch.Tensor, out: torch.Tensor | None
          int8_widen: str = "bits") -> torch.Tensor:
     """W (N, K) @ x (K,) -> (N,), with the RMSNorm prologue (`norm`, its weight) and
     the residual add (`residual`, may be `out` itself) when given. x may be (T, K), T
-    vectors (out, residual: (T, N)), each multiplied by every weight tile while it is
-    loaded: the weights are read once for all of them. W: in x's dtype, or an
+    vectors (out, residual: (T, N), else refused before any launch, `pass_outputs`),
+    each multiplied by every weight tile while it is loaded: the weights are read once
+    for all of them. W: in x's dtype, or an
     Int8Matrix, widened to FP32 through its float bits ("bits") or by conversion
     instructions ("convert"), the same numbers either way (`widen`)."""
     if int8_widen not in INT8_WIDEN:
         raise ValueError(f"int8_widen={int8_widen!r}: one of {INT8_WIDEN}")
     w, scale = unpack(w)
     n, k = w.shape
-    tokens, out, ws, grid = _launch_plan(config, w, x, n, 1, out, workspace)
+    tokens, out, ws, grid = _launch_plan(config, w, x, n, 1, out, workspace,
+                                         residual)
     gemv_kernel[grid](
         w, scale, x, out, residual, norm, ws.partials, ws.counters,
         n, k, w.stride(0), config.k_per_split(k), eps,
@@ -218,7 +243,7 @@ def gemv_silu(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
               eps: float = 1e-5, config: GemvConfig = GemvConfig(), pdl: bool = False,
               workspace: Workspace | None = None) -> torch.Tensor:
     """SiLU(W[:N] @ xn) * (W[N:] @ xn) for the stacked gate/up W (2N, K) -> (N,); x
-    (T, K) gives (T, N), the weights read once."""
+    (T, K) gives (T, N) (out: that shape, or refused), the weights read once."""
     w, scale = unpack(w)
     n2, k = w.shape
     n = n2 // 2

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from gpuinfer.kernels.common import (Workspace, check_pow2, launch_options, pdl_wait,
                                      round_to, split_k_sum)
-from gpuinfer.kernels.gemv import GemvConfig, workspace_for
+from gpuinfer.kernels.gemv import GemvConfig, pass_outputs, workspace_for
 from gpuinfer.kernels.mma_dot import mma
 from gpuinfer.kernels.tile import normed, prefetch
 from gpuinfer.model.quant import Int8Matrix, unpack
@@ -82,16 +82,6 @@ def pass_tokens(x: torch.Tensor, k: int) -> int:
         raise ValueError(f"x of shape {tuple(x.shape)}: (tokens, {k}), 1 <= tokens <= "
                          f"{MAX_TOKENS}, contiguous")
     return x.shape[0]
-
-
-def check_buffer(name: str, t: torch.Tensor | None, shape: tuple, x: torch.Tensor):
-    """A pass's out or residual: (T, N), x's dtype, contiguous, or refused naming both
-    shapes (a (N,) buffer would be written T rows long, past its end)."""
-    if t is None:
-        return
-    if tuple(t.shape) != shape or not t.is_contiguous() or t.dtype != x.dtype:
-        raise ValueError(f"{name} of shape {tuple(t.shape)} ({t.dtype}) for a pass of "
-                         f"shape {shape} ({x.dtype}): they must match, contiguous")
 
 
 def check_weights(w: torch.Tensor, x: torch.Tensor):
@@ -254,8 +244,7 @@ def gemv_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
     n, k = w.shape
     tokens = pass_tokens(x, k)
     check_weights(w, x)
-    check_buffer("out", out, (tokens, n), x)
-    check_buffer("residual", residual, (tokens, n), x)
+    pass_outputs(x, k, n, x.dtype, out=out, residual=residual)
     config = config.fit(k)
     if out is None:
         out = torch.empty((tokens, n), device=w.device, dtype=x.dtype)
@@ -282,7 +271,7 @@ def gemv_silu_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
     n = n2 // 2
     tokens = pass_tokens(x, k)
     check_weights(w, x)
-    check_buffer("out", out, (tokens, n), x)
+    pass_outputs(x, k, n, x.dtype, out=out)
     config = config.fit(k)
     if out is None:
         out = torch.empty((tokens, n), device=w.device, dtype=x.dtype)

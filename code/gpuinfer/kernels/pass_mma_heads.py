@@ -27,9 +27,9 @@ from gpuinfer.kernels.common import arrive, launch_options, pdl_wait, round_to
 from gpuinfer.kernels.common import Workspace, split_k_sum
 from gpuinfer.kernels.embed_head import ArgmaxWorkspace, argmax_reduce_kernel, \
     choose, pick_tokens
-from gpuinfer.kernels.gemv import workspace_for
-from gpuinfer.kernels.pass_mma import (MmaConfig, check_buffer, check_weights, pass_dot,
-                                       pass_tokens, tiles_args)
+from gpuinfer.kernels.gemv import pass_outputs, workspace_for
+from gpuinfer.kernels.pass_mma import (MmaConfig, check_weights, pass_dot, pass_tokens,
+                                       tiles_args)
 from gpuinfer.kernels.tile import prefetch
 from gpuinfer.model.quant import Int8Matrix, unpack
 
@@ -200,7 +200,7 @@ def qkv_rope_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor, q: torch.Tensor
         raise ValueError("the cache and the rotary tables must be contiguous")
     tokens = pass_tokens(x, k)
     check_weights(w, x)
-    check_buffer("q", q, (tokens, n_heads * head_dim), x)
+    pass_outputs(x, k, n_heads * head_dim, x.dtype, q=q)
     config = config.fit(k)
     n_pairs = n_rows // 2
     ws = workspace_for(config, n_pairs, k, 2, workspace, w.device, tokens)
@@ -231,7 +231,7 @@ def lm_head_argmax_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
         raise ValueError("the lm_head argmax has no split-K (one program per block)")
     rows = pass_tokens(x, k)
     check_weights(w, x)
-    check_buffer("logits", logits, (rows, n), x)
+    pass_outputs(x, k, n, x.dtype, logits=logits)
     config = config.fit(k)
     blocks = triton.cdiv(n, config.block_n)
     ws = workspace or ArgmaxWorkspace(w.device, blocks, rows=rows)

@@ -27,7 +27,7 @@ import triton.language as tl
 from gpuinfer.model.llama import rms_norm, rotate_half
 from gpuinfer.kernels.common import (Workspace, launch_options, pdl_wait, round_to,
                                      split_k_sum)
-from gpuinfer.kernels.gemv import GemvConfig, tokens_of, workspace_for
+from gpuinfer.kernels.gemv import GemvConfig, pass_outputs, workspace_for
 from gpuinfer.kernels.tile import prefetch, rows_dots
 from gpuinfer.model.quant import Int8Matrix, matvec_fp32, unpack
 
@@ -129,10 +129,7 @@ def qkv_rope(w: torch.Tensor | Int8Matrix, x: torch.Tensor, q: torch.Tensor,
     if not all(t.is_contiguous() for t in tables):
         raise ValueError("the cache and the rotary tables must be contiguous")
     n_pairs = n_rows // 2
-    tokens = tokens_of(x, k)
-    if q.numel() != tokens * n_heads * head_dim:
-        raise ValueError(f"q of {q.numel()} elements for {tokens} tokens of {n_heads} "
-                         f"heads of {head_dim}")
+    tokens, _ = pass_outputs(x, k, n_heads * head_dim, q=q)  # q: (T, heads * d)
     ws = workspace_for(config, n_pairs, k, 2, workspace, w.device, tokens)
     grid = config.grid(n_pairs, k)
     qkv_rope_kernel[grid](
