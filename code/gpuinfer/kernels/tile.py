@@ -15,12 +15,18 @@ INTERPRET = tl.constexpr(INTERPRETED)  # read inside kernels: a compile-time con
 
 
 @triton.jit
+def rstd_of(x, K, eps):
+    """1 / sqrt(mean(x^2) + eps) of a tile x (FP32) that holds all K elements of x
+    (zeros past them), in FP32 (LlamaRMSNorm)."""
+    return tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(x * x, axis=0) / K + eps))
+
+
+@triton.jit
 def rms_rstd(x_ptr, K, eps, K_NORM: tl.constexpr):
-    """1 / sqrt(mean(x^2) + eps) over all K elements of x, in FP32 (LlamaRMSNorm)."""
+    """`rstd_of` x, all K elements of it loaded for it."""
     cols = tl.arange(0, K_NORM)
     x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-    var = tl.sum(x * x, axis=0) / K
-    return tl.math.div_rn(1.0, tl.sqrt_rn(var + eps))
+    return rstd_of(x, K, eps)
 
 
 @triton.jit
@@ -79,6 +85,38 @@ def prefetch(w_ptr, stride_w, rows, row_mask, k_lo, k_hi, norm_ptr, scale_ptr,
 
 
 @triton.jit
+def load_normed(x_ptr, cols, mask, g, rstd, NORM: tl.constexpr):
+    """x[cols] in FP32, and RMSNorm'd (`normed`, with rstd and the norm's weights g)
+    if NORM."""
+    x = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        x = normed(x, g, rstd, x_ptr.dtype.element_ty)
+    return x
+
+
+@triton.jit
+def row_sums(acc, s, SCALED: tl.constexpr):
+    """The rows' sums of products (R, BLOCK_K) in FP32, times the rows' scales s if
+    SCALED: once, at the end (a row's scale is the same for every column)."""
+    y = tl.sum(acc, axis=1)
+    if SCALED:
+        y = y * s
+    return y
+
+
+@triton.jit
+def tile_dot(w, x, g, s, K, eps, dt, NORM: tl.constexpr, SCALED: tl.constexpr,
+             BITS: tl.constexpr):
+    """The rows' dot products of one weight tile w with x (FP32, a tile of it that holds
+    all of it when NORM: its RMSNorm from the tile's own sum of squares, `rstd_of`),
+    times the rows' scales s if SCALED: a product whose split is this one tile, a step's
+    (`rows_dot`) or each token's of a pass (`rows_dots`)."""
+    if NORM:
+        x = normed(x, g, rstd_of(x, K, eps), dt)
+    return row_sums(widen(w, BITS) * x[None, :], s, SCALED)
+
+
+@triton.jit
 def rows_dot(w, g, s, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, norm_ptr,
              eps, NORM: tl.constexpr, SCALED: tl.constexpr, K_NORM: tl.constexpr,
              BLOCK_K: tl.constexpr, N_TILES: tl.constexpr, BITS: tl.constexpr):
@@ -88,34 +126,30 @@ def rows_dot(w, g, s, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, nor
     over tensor bounds). BITS: how int8 weights are widened (`widen`)."""
     dt = x_ptr.dtype.element_ty
     cols = k_lo + tl.arange(0, BLOCK_K)
-    if NORM and N_TILES == 1 and BLOCK_K == K_NORM:
-        # the tile spans all of x: one load serves the sum of squares and the product
-        x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-        rstd = tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(x * x, axis=0) / K + eps))
-        xn = normed(x, g, rstd, dt)
+    if N_TILES == 1 and (not NORM or BLOCK_K == K_NORM):
+        # one tile, and x's norm needs no other: one load serves the sum of squares and
+        # the product
+        x = tl.load(x_ptr + cols, mask=cols < k_hi, other=0.0).to(tl.float32)
+        y = tile_dot(w, x, g, s, K, eps, dt, NORM, SCALED, BITS)
     else:
         rstd = 0.0
         if NORM:
             rstd = rms_rstd(x_ptr, K, eps, K_NORM)
-        xn = tl.load(x_ptr + cols, mask=cols < k_hi, other=0.0).to(tl.float32)
-        if NORM:
-            xn = normed(xn, g, rstd, dt)
-    # A 2-D accumulator, reduced once at the end: no cross-thread reduction per tile.
-    acc = widen(w, BITS) * xn[None, :]
-    w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
-    for t in range(1, N_TILES):
-        cols = k_lo + t * BLOCK_K + tl.arange(0, BLOCK_K)
-        mask = cols < k_hi
-        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & mask[None, :],
-                    other=0.0)
-        xn = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        if NORM:
-            g = tl.load(norm_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            xn = normed(xn, g, rstd, dt)
-        acc += widen(w, BITS) * xn[None, :]
-    if SCALED:  # the scale is the row's, the same for every column: once, at the end
-        return tl.sum(acc, axis=1) * s
-    return tl.sum(acc, axis=1)
+        xn = load_normed(x_ptr, cols, cols < k_hi, g, rstd, NORM)
+        # A 2-D accumulator, reduced once at the end: no cross-thread reduction per tile.
+        acc = widen(w, BITS) * xn[None, :]
+        w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
+        for t in range(1, N_TILES):
+            cols = k_lo + t * BLOCK_K + tl.arange(0, BLOCK_K)
+            mask = cols < k_hi
+            w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & mask[None, :],
+                        other=0.0)
+            if NORM:
+                g = tl.load(norm_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            xn = load_normed(x_ptr, cols, mask, g, rstd, NORM)
+            acc += widen(w, BITS) * xn[None, :]
+        y = row_sums(acc, s, SCALED)
+    return y
 
 
 @triton.jit
@@ -125,10 +159,11 @@ def rows_dots(w, g, s, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, no
               ROWS: tl.constexpr, R: tl.constexpr):
     """`rows_dot` for each of a pass's ROWS vectors (the rows of x, K apart): (R, n),
     row t the t-th's, each computed as a step computes it (the same numbers, to the
-    bit). With one tile of weights (the tile spans the split, and x's norm needs no
-    other), the tile stays in registers for every token, and each token's x is loaded
-    while the one before it is reduced: a reduction's barrier would otherwise hold the
-    next load back, one L2 round trip per token. More tiles: token after token."""
+    bit: `tile_dot` for both). With one tile of weights (the tile spans the split, and
+    x's norm needs no other), the tile stays in registers for every token, and each
+    token's x is loaded while the one before it is reduced: a reduction's barrier would
+    otherwise hold the next load back, one L2 round trip per token. More tiles: token
+    after token."""
     if ROWS == 1:  # a step
         y = rows_dot(w, g, s, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi,
                      norm_ptr, eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, BITS)[None, :]
@@ -142,13 +177,7 @@ def rows_dots(w, g, s, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, no
             x = x_next.to(tl.float32)
             if t + 1 < ROWS:
                 x_next = tl.load(x_ptr + (t + 1) * K + cols, mask=mask, other=0.0)
-            if NORM:
-                rstd = tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(x * x, axis=0) / K + eps))
-                x = normed(x, g, rstd, dt)
-            acc = tl.sum(widen(w, BITS) * x[None, :], axis=1)
-            if SCALED:
-                acc = acc * s
-            y = place_row(y, acc, t, R)
+            y = place_row(y, tile_dot(w, x, g, s, K, eps, dt, NORM, SCALED, BITS), t, R)
     else:
         y = tl.zeros((R, w.shape[0]), tl.float32)
         for t in tl.static_range(ROWS):
