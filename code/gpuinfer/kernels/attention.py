@@ -62,6 +62,18 @@ def slots_seen(pos, capacity):
 
 
 @triton.jit
+def pass_token(pos, t, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+               N_SPLIT: tl.constexpr, ROWS: tl.constexpr):
+    """Token t of a pass of ROWS tokens, grid axis 0 the key/value heads: its slot
+    (pos - ROWS + 1 + t), the offset of its row of q and of o (heads * HEAD_DIM
+    elements a token), and that of its partials (a row of HEAD_DIM + 2 for each query
+    head of each split)."""
+    heads = tl.num_programs(0)
+    return (pos - (ROWS - 1) + t, t * heads * GROUP * HEAD_DIM,
+            t * heads * N_SPLIT * GROUP * (HEAD_DIM + 2))
+
+
+@triton.jit
 def combine_head(part_ptr, o_ptr, h, active, GROUP: tl.constexpr,
                  HEAD_DIM: tl.constexpr, N_SPLIT: tl.constexpr):
     """o of head h's query heads from the partials of its first `active` splits (the
@@ -114,11 +126,11 @@ def attention_partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, o_ptr, cnt_
     fresh = 0  # the pass's slots before this token's own (a step: none)
     if ROWS > 1:  # token t of a pass (pos - ROWS + 1 + t): the step's program at its slot
         t = tl.program_id(2)
-        pos = pos - (ROWS - 1) + t
         fresh = t
-        q_ptr += t * tl.num_programs(0) * GROUP * HEAD_DIM
-        o_ptr += t * tl.num_programs(0) * GROUP * HEAD_DIM
-        part_ptr += t * tl.num_programs(0) * N_SPLIT * GROUP * (HEAD_DIM + 2)
+        pos, token_at, partials_at = pass_token(pos, t, GROUP, HEAD_DIM, N_SPLIT, ROWS)
+        q_ptr += token_at
+        o_ptr += token_at
+        part_ptr += partials_at
         cnt_ptr += t * tl.num_programs(0)
     n = slots_seen(pos, capacity)  # slots 0..pos
     chunk = chunk_of(n, N_SPLIT, BLOCK_S)
@@ -204,10 +216,10 @@ def attention_combine_kernel(part_ptr, o_ptr, pos_ptr, capacity, GROUP: tl.const
     pdl_wait(PDL)
     pos = tl.load(pos_ptr)
     if ROWS > 1:  # token t of a pass, as the partials' kernel offset it
-        t = tl.program_id(1)
-        pos = pos - (ROWS - 1) + t
-        o_ptr += t * tl.num_programs(0) * GROUP * HEAD_DIM
-        part_ptr += t * tl.num_programs(0) * N_SPLIT * GROUP * (HEAD_DIM + 2)
+        pos, token_at, partials_at = pass_token(pos, tl.program_id(1), GROUP, HEAD_DIM,
+                                                N_SPLIT, ROWS)
+        o_ptr += token_at
+        part_ptr += partials_at
     n = slots_seen(pos, capacity)  # as the partials' kernel saw them
     active = tl.cdiv(n, chunk_of(n, N_SPLIT, BLOCK_S))
     combine_head(part_ptr, o_ptr, tl.program_id(0), active, GROUP, HEAD_DIM, N_SPLIT)
