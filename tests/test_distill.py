@@ -1,7 +1,8 @@
-"""Distilling a draft from a teacher (gpuinfer.model.distill) on the CPU: the KL falls,
-the distilled draft follows the teacher's greedy tokens better than one trained on the
-text alone, the same seeds give the same weights, mix = 1 is ordinary training, misuse
-is refused before any weight changes, and the held-out KL."""
+"""Distilling a draft from a teacher on the CPU (`train.train(teacher=...)`, its loss
+from gpuinfer.model.distill): the KL falls, the distilled draft follows the teacher's
+greedy tokens better than one trained on the text alone, the same seeds give the same
+weights, mix = 1 is ordinary training, misuse is refused before any weight changes, and
+the held-out objective (`train.heldout_loss(teacher=...)`)."""
 
 import math
 
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from gpuinfer.model.configs import build_model, model_config
-from gpuinfer.model.distill import distill, heldout_kl, kl, mixed
+from gpuinfer.model.distill import kl, mixed
 from gpuinfer.model.train import TrainLog, heldout_loss, train
 
 VOCAB, SEQ = 64, 32
@@ -78,8 +79,8 @@ def test_distillation_lowers_the_kl_and_leaves_the_teacher_alone(corpus, teacher
     grads = [p.grad.clone() for p in teacher.parameters()]  # its training's last ones
     teacher.train()  # its mode is restored; it runs in eval mode meanwhile
     draft = draft_model()
-    log = distill(draft, teacher, corpus[0], steps=60, batch=8, seq_len=SEQ, lr=3e-3,
-                  log_every=60)
+    log = train(draft, corpus[0], steps=60, batch=8, seq_len=SEQ, lr=3e-3,
+                log_every=60, teacher=teacher)
     assert teacher.training
     teacher.eval()
     assert same(before, weights(teacher))
@@ -89,9 +90,10 @@ def test_distillation_lowers_the_kl_and_leaves_the_teacher_alone(corpus, teacher
     assert log.tokens == 60 * 8 * SEQ and log.seconds > 0 and not draft.training
     # here: 0.36 at step 0, 0.18 at the end; held out 0.17 against 0.35 untrained
     assert log.final_loss < 0.7 * log.losses[0]
-    held = heldout_kl(draft, teacher, corpus[1], seq_len=SEQ)
-    assert held < 0.7 * heldout_kl(draft_model(), teacher, corpus[1], seq_len=SEQ)
-    assert held < 1.3 * heldout_kl(draft, teacher, corpus[0], seq_len=SEQ)
+    held = heldout_loss(draft, corpus[1], seq_len=SEQ, teacher=teacher)
+    untrained = heldout_loss(draft_model(), corpus[1], seq_len=SEQ, teacher=teacher)
+    assert held < 0.7 * untrained
+    assert held < 1.3 * heldout_loss(draft, corpus[0], seq_len=SEQ, teacher=teacher)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -100,10 +102,9 @@ def test_a_distilled_draft_follows_the_teacher_better_than_one_trained_on_text(
     # Over draft seeds 0-5 here: 0.27-0.28 distilled against 0.06-0.13 on the text.
     windows = corpus[1][:40 * SEQ].view(40, SEQ)
     on_text, distilled = draft_model(10 + seed), draft_model(10 + seed)
-    train(on_text, corpus[0], steps=40, batch=8, seq_len=SEQ, lr=3e-3, seed=seed,
-          log_every=40)
-    distill(distilled, teacher, corpus[0], steps=40, batch=8, seq_len=SEQ, lr=3e-3,
-            seed=seed, log_every=40)
+    for model, kwargs in ((on_text, {}), (distilled, dict(teacher=teacher))):
+        train(model, corpus[0], steps=40, batch=8, seq_len=SEQ, lr=3e-3, seed=seed,
+              log_every=40, **kwargs)
     text_a, distilled_a = (agreement(m, teacher, windows) for m in (on_text, distilled))
     assert distilled_a > text_a + 0.08, (distilled_a, text_a)
 
@@ -112,8 +113,8 @@ def distil_twice(teacher, stream, **kwargs) -> tuple[dict, dict]:
     runs = []
     for _ in range(2):
         draft = draft_model(seed=3)
-        distill(draft, teacher, stream, steps=5, batch=4, seq_len=SEQ, seed=5,
-                log_every=5, **kwargs)
+        train(draft, stream, steps=5, batch=4, seq_len=SEQ, seed=5, log_every=5,
+              teacher=teacher, **kwargs)
         runs.append(weights(draft))
     return runs[0], runs[1]
 
@@ -127,16 +128,14 @@ def test_the_same_seeds_distil_the_same_weights_bit_for_bit(corpus, teacher, kwa
 
 def test_mix_one_is_ordinary_next_token_training(corpus, teacher):
     on_text, mixed_one = draft_model(), draft_model()
-    log = train(on_text, corpus[0], steps=6, batch=4, seq_len=SEQ, lr=3e-3, seed=2,
-                log_every=6)
-    same_log = distill(mixed_one, teacher, corpus[0], steps=6, batch=4, seq_len=SEQ,
-                       lr=3e-3, seed=2, mix=1.0, log_every=6)
+    common = dict(steps=6, batch=4, seq_len=SEQ, lr=3e-3, seed=2, log_every=6)
+    log = train(on_text, corpus[0], **common)
+    same_log = train(mixed_one, corpus[0], teacher=teacher, mix=1.0, **common)
     assert same_log.losses[0] == log.losses[0]
     assert same_log.losses == log.losses  # every step: the same loop
     assert same(weights(on_text), weights(mixed_one))
     # at mix 0 the first loss is the KL of the untrained draft, not its cross-entropy
-    kl_log = distill(draft_model(), teacher, corpus[0], steps=1, batch=4, seq_len=SEQ,
-                     lr=3e-3, seed=2, log_every=1)
+    kl_log = train(draft_model(), corpus[0], teacher=teacher, **{**common, "steps": 1})
     assert kl_log.losses[0] != log.losses[0]
 
 
@@ -158,18 +157,22 @@ def test_the_kl_is_the_teachers_expectation_of_the_log_ratio():
 
 def test_the_heldout_objective_mixes_the_heldout_kl_and_loss(corpus, teacher):
     draft = draft_model()
-    assert heldout_kl(teacher_model(), teacher_model(), corpus[1], seq_len=SEQ) == 0
-    value = heldout_kl(draft, teacher, corpus[1], seq_len=SEQ, batch=7, max_windows=9)
-    again = heldout_kl(draft, teacher, corpus[1], seq_len=SEQ, batch=16, max_windows=9)
+    twin = teacher_model()  # the same weights as another teacher_model()
+    assert heldout_loss(teacher_model(), corpus[1], seq_len=SEQ, teacher=twin) == 0
+    at = dict(seq_len=SEQ, max_windows=9)
+    value = heldout_loss(draft, corpus[1], batch=7, teacher=teacher, **at)
+    again = heldout_loss(draft, corpus[1], batch=16, teacher=teacher, **at)
     assert value > 0 and value == pytest.approx(again, rel=1e-5)
-    text = heldout_loss(draft, corpus[1], seq_len=SEQ, max_windows=9)
-    assert mixed(value, text, mix=0.5) == pytest.approx((value + text) / 2)
+    text = heldout_loss(draft, corpus[1], **at)
+    half = heldout_loss(draft, corpus[1], teacher=teacher, mix=0.5, **at)
+    assert half == pytest.approx(mixed(value, text, mix=0.5), rel=1e-5)
+    assert heldout_loss(draft, corpus[1], teacher=teacher, mix=1.0, **at) == text
     with pytest.raises(ValueError, match="stream of 32 tokens has no full window"):
-        heldout_kl(draft, teacher, torch.arange(32), seq_len=SEQ)
+        heldout_loss(draft, torch.arange(32), seq_len=SEQ, teacher=teacher)
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(steps=0), "steps=0: distil for at least one step"),
+    (dict(steps=0), "steps=0: train for at least one step"),
     (dict(temperature=0.0), "temperature=0.0: use a finite number above 0"),
     (dict(temperature=-1), "temperature=-1"),
     (dict(temperature=math.nan), "temperature=nan"),
@@ -184,18 +187,30 @@ def test_bad_arguments_are_refused_before_the_draft_changes(corpus, teacher, kwa
     before = weights(draft)
     arguments = {**dict(steps=2, batch=2, seq_len=SEQ), **kwargs}
     with pytest.raises(ValueError, match=message):
-        distill(draft, teacher, corpus[0], **arguments)
+        train(draft, corpus[0], teacher=teacher, **arguments)
     assert same(before, weights(draft)) and not draft.training
+
+
+@pytest.mark.parametrize("kwargs", [dict(mix=0.5), dict(temperature=2.0)])
+def test_a_mix_or_temperature_without_a_teacher_is_refused(corpus, kwargs):
+    draft = draft_model()
+    before = weights(draft)
+    with pytest.raises(ValueError, match="without a teacher: they weigh a teacher's"):
+        train(draft, corpus[0], steps=2, batch=2, seq_len=SEQ, **kwargs)
+    with pytest.raises(ValueError, match="without a teacher"):
+        heldout_loss(draft, corpus[1], seq_len=SEQ, **kwargs)
+    assert same(before, weights(draft))
 
 
 def test_a_teacher_it_cannot_learn_from_is_refused(corpus, teacher):
     other = draft_model(vocab_size=VOCAB * 2)
     with pytest.raises(ValueError, match=r"vocabulary \(128 ids\) is not the teacher's "
-                                         r"\(64\): build the draft with vocab_size=64"):
-        distill(other, teacher, corpus[0], steps=1, batch=2, seq_len=SEQ)
+                                         r"\(64\): build it with vocab_size=64"):
+        train(other, corpus[0], steps=1, batch=2, seq_len=SEQ, teacher=teacher)
     with pytest.raises(ValueError, match="vocabulary"):
-        heldout_kl(other, teacher, corpus[1], seq_len=SEQ)
-    with pytest.raises(ValueError, match="the draft is the teacher"):
-        distill(teacher, teacher, corpus[0], steps=1, batch=2, seq_len=SEQ)
+        heldout_loss(other, corpus[1], seq_len=SEQ, teacher=teacher)
+    with pytest.raises(ValueError, match="the model is its own teacher"):
+        train(teacher, corpus[0], steps=1, batch=2, seq_len=SEQ, teacher=teacher)
     with pytest.raises(ValueError, match="stream of 8 tokens.*seq_len \\+ 1 = 33"):
-        distill(draft_model(), teacher, torch.arange(8), steps=1, batch=2, seq_len=SEQ)
+        train(draft_model(), torch.arange(8), steps=1, batch=2, seq_len=SEQ,
+              teacher=teacher)

@@ -25,11 +25,11 @@ Draft variants (issue 57, distillation; any of the flags below replaces the pair
 with variant lines). --draft-layers trains drafts of those layer counts (default: the
 chapter's 2), each on the text at each draft step count. --distill also distils a draft
 of each layer count and step count from each trained target, once per --mix (the text
-loss's weight, `gpuinfer.model.distill.distill`), at --temperature, from the same
-initial weights and windows as the draft trained on the text. For each (target, draft
-variant): the forced and text agreements, E(k) for k = 1 ... 8, the draft's text
-cross-entropy on training and held-out text (`train.heldout_loss`), its KL(target ||
-draft) on both (`distill.heldout_kl`), each ratio held-out / training, the ratio of the
+loss's weight; `train.train(teacher=...)`), at --temperature, from the same initial
+weights and windows as the draft trained on the text. For each (target, draft variant):
+the forced and text agreements, E(k) for k = 1 ... 8, the draft's text cross-entropy on
+training and held-out text (`train.heldout_loss`), its KL(target || draft) on both
+(`train.heldout_loss(teacher=...)`), each ratio held-out / training, the ratio of the
 held-out objective to the final training objective (`TrainLog.final_loss`: the text
 loss, or the mix the draft trained on; at most 1.15 wanted), the seconds, and the
 speed-up E(k) / (v + d(k)) at the best k for v = 1.0 and 1.2, d(k) = (8 + 24 k) / 267
@@ -172,13 +172,13 @@ def variant_rows(args, data, dev, shapes, layers, models, logs, runs, prompts, w
                     # the text draft's initial weights and windows: the loss differs
                     draft = build_model(config(shapes[name], data.vocab_size),
                                         seed=SEEDS["draft"], device=dev)
-                    log = ds.distill(draft, target, data.train, steps=d_steps,
-                                     batch=BATCH["draft"], seq_len=SEQ, lr=LR["draft"],
-                                     warmup=WARMUP, seed=SEEDS["draft"],
-                                     temperature=args.temperature, mix=mix,
-                                     log_every=d_steps,
-                                     name=f"{name} {d_steps} from target {t_steps}, "
-                                          f"mix {mix:g}")
+                    log = tr.train(draft, data.train, steps=d_steps,
+                                   batch=BATCH["draft"], seq_len=SEQ, lr=LR["draft"],
+                                   warmup=WARMUP, seed=SEEDS["draft"], teacher=target,
+                                   temperature=args.temperature, mix=mix,
+                                   log_every=d_steps,
+                                   name=f"{name} {d_steps} from target {t_steps}, "
+                                        f"mix {mix:g}")
                     rows.append(pair.row(draft, name, d_steps, log, mix))
     return rows
 
@@ -201,8 +201,8 @@ class Pair:
         text, n_text = text_agreement(self.target, draft, self.windows)
         streams = (self.data.train, self.data.heldout)
         ce = text_ce or tuple(tr.heldout_loss(draft, s, seq_len=SEQ) for s in streams)
-        kl = tuple(ds.heldout_kl(draft, self.target, s, seq_len=SEQ,
-                                 temperature=self.temperature) for s in streams)
+        kl = tuple(tr.heldout_loss(draft, s, seq_len=SEQ, teacher=self.target,
+                                   temperature=self.temperature) for s in streams)
         held = ce[1] if mix is None else ds.mixed(kl[1], ce[1], mix=mix)
         row = dict(target_steps=self.steps, draft=name,
                    layers=draft.config.num_hidden_layers, draft_steps=d_steps,

@@ -4,7 +4,9 @@ Chapter 6 needs a target and a draft model that agree often enough for speculati
 decoding to pay, and random weights agree on nothing. So it trains both, minutes on one
 GPU, on the corpus of `gpuinfer.model.corpus`. The recipe is the usual one for small language
 models: random windows of the stream, AdamW, a linear warmup then a cosine decay of the
-learning rate, gradients clipped, BF16 autocast on the GPU.
+learning rate, gradients clipped, BF16 autocast on the GPU. The loss is the next token's
+cross-entropy, or, given a trained teacher, the KL from the teacher's next-token
+distribution (`gpuinfer.model.distill`): the same loop distils a draft from its target.
 
 The same code trains the same model, bit for bit, on the same kind of GPU: a fixed number
 of steps (a slower GPU takes longer, it does not learn less), the windows drawn from a
@@ -19,6 +21,7 @@ queues the next one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import time
@@ -29,6 +32,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpuinfer.env import sync
+from gpuinfer.model import distill
 from gpuinfer.model.corpus import decode
 
 
@@ -123,11 +127,36 @@ def _autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
-def _next_token_loss(model, window: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of predicting window[:, 1:] from window[:, :-1], in FP32."""
+@contextlib.contextmanager
+def _evaluating(*models):
+    """The models (None skipped) in eval mode inside the block, each one's mode restored
+    after it."""
+    modes = [(m, m.training) for m in models if m is not None]
+    for m, _ in modes:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, was_training in modes:
+            m.train(was_training)
+
+
+def _loss(model, window: torch.Tensor, *, teacher=None, mix: float = 0.0,
+          temperature: float = 1.0, reduction: str = "mean") -> torch.Tensor:
+    """The objective of predicting window[:, 1:] from window[:, :-1], in FP32: the
+    cross-entropy of the text's next token, or with a teacher `distill.objective` (the
+    KL from the teacher's next-token distribution, mixed with the text's by `mix`)."""
     logits = model(input_ids=window[:, :-1]).logits
     targets = window[:, 1:]
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    if teacher is None or mix == 1:  # the text alone: no teacher pass to pay for
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                               reduction=reduction)
+    # no_grad, not inference_mode: the KL's backward saves the teacher's probabilities,
+    # and autograd refuses to save an inference tensor.
+    with torch.no_grad():
+        teacher_logits = teacher(input_ids=window[:, :-1]).logits
+    return distill.objective(logits, teacher_logits, targets, mix=mix,
+                             temperature=temperature, reduction=reduction)
 
 
 def _optimizer(model, *, lr: float, weight_decay: float,
@@ -146,28 +175,35 @@ def _optimizer(model, *, lr: float, weight_decay: float,
 def train(model, tokens: torch.Tensor, *, steps: int, batch: int, seq_len: int,
           lr: float = 1e-3, warmup: int | None = None, weight_decay: float = 0.1,
           seed: int = 0, log_every: int | None = None, name: str = "model",
-          deterministic_kernels: bool = True) -> TrainLog:
+          deterministic_kernels: bool = True, teacher=None, mix: float = 0.0,
+          temperature: float = 1.0) -> TrainLog:
     """Train a `transformers` causal LM (e.g. LlamaForCausalLM) to predict the next
     token, `steps` steps of `batch` random windows of `seq_len` tokens from `tokens`,
-    drawn with `seed`. With `deterministic_kernels` (`deterministic`), the same model,
-    initial weights and arguments give the same trained weights, bit for bit, on the
-    same kind of device. Prints the loss every `log_every` steps (default: ten lines)
-    and at the end. The model is left in eval mode."""
+    drawn with `seed`. With a `teacher` (a trained model of the same vocabulary), the
+    loss is `distill.objective`: the KL from the teacher's next-token distribution at
+    `temperature`, and `mix` x the text's cross-entropy beside it (the teacher is not
+    changed, and runs in eval mode). With `deterministic_kernels` (`deterministic`), the
+    same model, initial weights and arguments give the same trained weights, bit for
+    bit, on the same kind of device. Prints the loss every `log_every` steps (default:
+    ten lines) and at the end. Returns the losses; the model is left in eval mode."""
     if steps < 1:
         raise ValueError(f"steps={steps}: train for at least one step")
+    distill.check(model, teacher, temperature=temperature, mix=mix)
     _check_window(tokens, seq_len)  # refused before the model changes
     warmup = max(1, steps // 20) if warmup is None else max(1, warmup)
     log_every = max(1, steps // 10) if log_every is None else max(1, log_every)
     device = next(model.parameters()).device
-    kernels = deterministic(device) if deterministic_kernels else contextlib.nullcontext()
-    with kernels:
-        return _train(model, tokens, steps=steps, batch=batch, seq_len=seq_len, lr=lr,
-                      warmup=warmup, weight_decay=weight_decay, seed=seed,
+    kernels = (deterministic(device) if deterministic_kernels
+               else contextlib.nullcontext())
+    loss = functools.partial(_loss, teacher=teacher, mix=mix, temperature=temperature)
+    with kernels, _evaluating(teacher):
+        return _train(model, tokens, loss, steps=steps, batch=batch, seq_len=seq_len,
+                      lr=lr, warmup=warmup, weight_decay=weight_decay, seed=seed,
                       log_every=log_every, name=name, device=device)
 
 
-def _train(model, tokens, *, steps, batch, seq_len, lr, warmup, weight_decay, seed,
-           log_every, name, device) -> TrainLog:
+def _train(model, tokens, loss_of, *, steps, batch, seq_len, lr, warmup, weight_decay,
+           seed, log_every, name, device) -> TrainLog:
     optimizer = _optimizer(model, lr=lr, weight_decay=weight_decay, device=device)
     generator = torch.Generator().manual_seed(seed)
     # Losses stay on the device until the end: storing one is a copy queued on the GPU,
@@ -183,8 +219,8 @@ def _train(model, tokens, *, steps, batch, seq_len, lr, warmup, weight_decay, se
         window = window.to(device, non_blocking=True)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, steps=steps, lr=lr, warmup=warmup)
-        with _autocast(device):
-            loss = _next_token_loss(model, window)
+        with _autocast(device):  # a teacher's pass too: as it ran when it trained
+            loss = loss_of(model, window)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -208,30 +244,29 @@ def _progress(name: str, step: int, steps: int, loss: torch.Tensor, start: float
 
 @torch.no_grad()
 def heldout_loss(model, tokens: torch.Tensor, *, seq_len: int, batch: int = 16,
-                 max_windows: int = 256) -> float:
+                 max_windows: int = 256, teacher=None, mix: float = 0.0,
+                 temperature: float = 1.0) -> float:
     """Mean next-token cross-entropy (nats per token) over `max_windows` non-overlapping
     windows spread evenly over the held-out stream (all of them if it has fewer): every
-    token of a window is predicted once, from up to seq_len tokens before it."""
+    token of a window is predicted once, from up to seq_len tokens before it. With a
+    `teacher`, `mix` and `temperature`: the objective `train` distils with, on the same
+    windows, so held-out and training values compare like with like."""
+    distill.check(model, teacher, temperature=temperature, mix=mix)
     full = (len(tokens) - 1) // seq_len
     if full < 1:
         raise ValueError(f"a stream of {len(tokens)} tokens has no full window of "
                          f"seq_len + 1 = {seq_len + 1} tokens; use a shorter seq_len")
     windows = min(full, max_windows)
     starts = torch.linspace(0, full - 1, windows).long()[:, None] * seq_len
-    inputs = tokens[starts + torch.arange(seq_len)]
-    targets = tokens[starts + torch.arange(1, seq_len + 1)]
+    spans = tokens[starts + torch.arange(seq_len + 1)]  # inputs, and one more target
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     total = torch.zeros((), device=device)
-    for first in range(0, windows, batch):
-        x = inputs[first: first + batch].to(device, non_blocking=True)
-        y = targets[first: first + batch].to(device, non_blocking=True)
-        with _autocast(device):
-            logits = model(input_ids=x).logits
-        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(),
-                                 reduction="sum")
-    model.train(was_training)
+    with _evaluating(model, teacher):
+        for first in range(0, windows, batch):
+            window = spans[first: first + batch].to(device, non_blocking=True)
+            with _autocast(device):
+                total += _loss(model, window, teacher=teacher, mix=mix,
+                               temperature=temperature, reduction="sum")
     return total.item() / (windows * seq_len)
 
 
