@@ -168,7 +168,7 @@ hopper = pytest.mark.skipif(not HOPPER, reason="TMA needs Hopper (sm_90) or late
     (1003, 1000, 3, 16, 128, 4),  # 8 tiles; a warp across 2 rows of a tile
     (1003, 3000, 2, 8, 256, 4),  # 12 tiles through 2 slots: 6 phases a slot
     (1003, 3000, 2, 4, 1024, 8),  # 3 tiles; warps across the columns too
-    (1003, 2100, 2, 8, 2048, 4),  # tile 2 holds 52 columns: TMA boxes wholly past K
+    (1003, 2104, 2, 8, 2048, 4),  # tile 2 holds 56 columns: TMA boxes wholly past K
     (37, 2048, 4, 2, 512, 4),  # one block short of rows; the whole row before the wait
     (16384, 2048, 2, 8, 512, 4),  # gate/up
     (2048, 8192, 4, 8, 2048, 4),  # down
