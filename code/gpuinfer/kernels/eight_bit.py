@@ -29,6 +29,7 @@ import triton.language as tl
 
 from gpuinfer.kernels.common import INTERPRETED, round_to
 from gpuinfer.kernels.tile import widen
+from gpuinfer.model.quant import Int8Matrix
 
 INTERPRET = tl.constexpr(INTERPRETED)
 FP8_MAX = 448.0  # the largest finite e4m3 ("fn": no infinities) value
@@ -45,14 +46,11 @@ class Fp8Matrix:
 
     q: torch.Tensor
     scale: torch.Tensor
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.q.shape
-
-    @property
-    def nbytes(self) -> int:
-        return self.q.nbytes + self.scale.nbytes
+    # Int8Matrix's properties (they read only q and scale), borrowed, not inherited:
+    # an Fp8Matrix is no Int8Matrix, whose users (quant.unpack, matvec_fp32, the int8
+    # kernels) would read its e4m3 bytes as int8 values.
+    shape = Int8Matrix.shape
+    nbytes = Int8Matrix.nbytes
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The matrix it stands for: e4m3 values (exact in FP32) times the row scale."""
