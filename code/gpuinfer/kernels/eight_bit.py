@@ -81,6 +81,40 @@ def dp4a_words(q: torch.Tensor) -> torch.Tensor:
     return q.view(torch.int32)
 
 
+# `widen_fp8` compiled, in PTX, four e4m3 bytes (the word $4) a call: E4M3_CVT_PTX by
+# sm_89's cvt, E4M3_BITS_PTX by moving the bits. Both leave the bytes' values as FP16 in
+# h0..h3, in the bytes' order, and end alike, each half to FP32 in $0..$3: that end,
+# FP16_TO_FP32, is written once for the two.
+FP16_TO_FP32 = """
+    cvt.f32.f16 $0, h0;
+    cvt.f32.f16 $1, h1;
+    cvt.f32.f16 $2, h2;
+    cvt.f32.f16 $3, h3;
+    }"""
+E4M3_CVT_PTX = tl.constexpr("""{
+    .reg .b16 lo, hi, h0, h1, h2, h3;
+    .reg .b32 p, q;
+    mov.b32 {lo, hi}, $4;
+    cvt.rn.f16x2.e4m3x2 p, lo;
+    cvt.rn.f16x2.e4m3x2 q, hi;
+    mov.b32 {h0, h1}, p;
+    mov.b32 {h2, h3}, q;""" + FP16_TO_FP32)
+E4M3_BITS_PTX = tl.constexpr("""{
+    .reg .b32 odd, even, t;
+    .reg .b16 h0, h1, h2, h3;
+    and.b32 t, $4, 0x7F007F00;
+    shr.b32 t, t, 1;
+    and.b32 odd, $4, 0x80008000;
+    or.b32 odd, odd, t;
+    shl.b32 even, $4, 8;
+    and.b32 t, even, 0x7F007F00;
+    shr.b32 t, t, 1;
+    and.b32 even, even, 0x80008000;
+    or.b32 even, even, t;
+    mov.b32 {h0, h2}, even;
+    mov.b32 {h1, h3}, odd;""" + FP16_TO_FP32)
+
+
 @triton.jit
 def widen_fp8(w, CVT: tl.constexpr):
     """A tile of e4m3 bytes (uint8) in FP32, divided by FP8_BITS_BIAS unless CVT.
@@ -100,41 +134,9 @@ def widen_fp8(w, CVT: tl.constexpr):
         if CVT:
             f = f * 256.0
         return f
-    if CVT:
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .b16 lo, hi, h0, h1, h2, h3;
-            .reg .b32 p, q;
-            mov.b32 {lo, hi}, $4;
-            cvt.rn.f16x2.e4m3x2 p, lo;
-            cvt.rn.f16x2.e4m3x2 q, hi;
-            mov.b32 {h0, h1}, p;
-            mov.b32 {h2, h3}, q;
-            cvt.f32.f16 $0, h0;
-            cvt.f32.f16 $1, h1;
-            cvt.f32.f16 $2, h2;
-            cvt.f32.f16 $3, h3;
-            }""", "=r,=r,=r,=r,r", [w], dtype=tl.float32, is_pure=True, pack=4)
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b32 odd, even, t;
-        .reg .b16 h0, h1, h2, h3;
-        and.b32 t, $4, 0x7F007F00;
-        shr.b32 t, t, 1;
-        and.b32 odd, $4, 0x80008000;
-        or.b32 odd, odd, t;
-        shl.b32 even, $4, 8;
-        and.b32 t, even, 0x7F007F00;
-        shr.b32 t, t, 1;
-        and.b32 even, even, 0x80008000;
-        or.b32 even, even, t;
-        mov.b32 {h0, h2}, even;
-        mov.b32 {h1, h3}, odd;
-        cvt.f32.f16 $0, h0;
-        cvt.f32.f16 $1, h1;
-        cvt.f32.f16 $2, h2;
-        cvt.f32.f16 $3, h3;
-        }""", "=r,=r,=r,=r,r", [w], dtype=tl.float32, is_pure=True, pack=4)
+    PTX: tl.constexpr = E4M3_CVT_PTX if CVT else E4M3_BITS_PTX
+    return tl.inline_asm_elementwise(PTX, "=r,=r,=r,=r,r", [w], dtype=tl.float32,
+                                     is_pure=True, pack=4)
 
 
 @triton.jit
