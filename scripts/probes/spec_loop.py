@@ -23,6 +23,15 @@ f. "generate, read every 2nd": d's loop with a copy after every second pass only
 b - a/N says what one graph a pass saves or costs, c - b what the copies cost, d - c
 what the reads and the serial end cost, e and f what two cheaper loops would give.
 
+H100, 2026-12-05 22:12 UTC (spec_loop-2026-12-05n-H100.txt), µs a pass over the parts'
+517.9: graphs -0.6, graphs + copies +8.3, generate (two in flight) +11.5, four in flight
+-4.4, a read every 2nd pass -7.3. `Speculative.generate` now keeps four in flight. Added
+since, to say why four beat two though the GPU always had a pass queued:
+g. "graphs + events": as b with an event after each pass and no copy;
+h. "graphs + kernel": as b with the position stored into pinned host memory by a
+   one-program Triton kernel after each pass (no copy engine), and an event;
+i. "generate, 2 in flight" (the old loop), "3 in flight", "4, read every 2nd".
+
     PYTHONPATH=code timeout 300 python scripts/probes/spec_loop.py [--rounds 7] [--smoke]
 
 About 1.5 minutes on an H100 (estimate: compiles and captures, then 7 rounds of 6
@@ -33,6 +42,8 @@ import argparse
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 if "--smoke" in sys.argv:  # before any kernel module is imported
     from gpuinfer.kernels.interpret import use_interpreter
@@ -49,6 +60,11 @@ from gpuinfer.model.configs import build_model  # noqa: E402
 K, PASSES, PROMPT = 4, 64, 128
 CAPACITY = 512  # the prompt and 64 passes of up to k + 1 slots each, with room to spare
 say = sm.say
+
+
+@triton.jit
+def publish_kernel(pos_ptr, host_ptr):
+    tl.store(host_ptr, tl.load(pos_ptr))
 
 
 def loop(spec, run, prompt_ids, new_tokens, most, every):
@@ -108,34 +124,51 @@ def main():
         }
     cuda = spec.pos.is_cuda
 
-    def graphs(copies):
+    def graphs(copies, how="copy"):
         reads = PositionReads(spec.pos, most=PASSES)  # its events made once, reused
+        host = torch.empty(PASSES, dtype=spec.pos.dtype, pin_memory=cuda)
 
         def fn():
             spec.pos.fill_(PROMPT)
             reads.slots.clear()  # never read: only the copies and events are timed
-            for _ in range(PASSES):
+            for i in range(PASSES):
                 run()
-                if copies:
+                if not copies:
+                    continue
+                if how == "copy":
                     reads.queue()
+                elif how == "events":
+                    reads.events[i].record() if cuda else None
+                else:  # a kernel stores it into pinned memory: no copy engine
+                    publish_kernel[(1,)](spec.pos, host[i:])
+                    reads.events[i].record() if cuda else None
         return fn
 
-    def gen(most=2, every=1, tokens=PASSES):
+    def gen(most=None, every=1, tokens=PASSES):
         def fn():
-            if most == 2 and every == 1:
+            if most is None:
                 return spec.generate(p, tokens)
             return loop(spec, run, p, tokens, most, every)
         return fn
 
     fns = {name: (lambda f=f: [f() for _ in range(PASSES)]) for name, f in parts.items()}
     fns |= {"graphs": graphs(False), "graphs + copies": graphs(True),
-            "generate": gen(), "generate, 4 in flight": gen(4),
-            "generate, read every 2nd": gen(2, 2), "prefill": gen(tokens=1)}
-    passes = {"graphs": PASSES, "graphs + copies": PASSES}
+            "graphs + events": graphs(True, "events"),
+            "graphs + kernel": graphs(True, "kernel"),
+            "generate": gen(), "generate, 2 in flight": gen(2),
+            "generate, 3 in flight": gen(3), "generate, 4, read every 2nd": gen(4, 2),
+            "generate, 2, read every 2nd": gen(2, 2), "prefill": gen(tokens=1)}
+    looped = [n for n in fns if n.startswith("generate,")]
+    passes = {n: PASSES for n in fns if n.startswith("graphs")}
     with torch.no_grad():
+        try:  # a pinned host pointer handed to a Triton kernel
+            fns["graphs + kernel"]()
+        except Exception as e:  # noqa: BLE001  the probe says so and goes on
+            say(f"graphs + kernel refused: {type(e).__name__}: {e}")
+            del fns["graphs + kernel"], passes["graphs + kernel"]
         fns["generate"]()
         passes["generate"] = spec.passes
-        for name in ("generate, 4 in flight", "generate, read every 2nd"):
+        for name in looped:
             passes[name] = fns[name]()
             say(f"{name}: {passes[name]} passes for {PASSES} tokens")
             assert 1 <= passes[name] <= PASSES, passes[name]
@@ -146,8 +179,7 @@ def main():
     say(f"parts: refresh {med['draft refresh'] / PASSES:.1f}, draft step "
         f"{med['draft step'] / PASSES:.1f}, verify {med['verify'] / PASSES:.1f} µs; "
         f"a pass by its parts {part:.1f} µs")
-    for name in ("graphs", "graphs + copies", "generate", "generate, 4 in flight",
-                 "generate, read every 2nd"):
+    for name in [n for n in fns if n.startswith(("graphs", "generate"))]:
         total = med[name] - (med["prefill"] if name.startswith("generate") else 0)
         lo, hi = span[name]
         each = total / passes[name]
