@@ -25,8 +25,9 @@ what the reads and the serial end cost, e and f what two cheaper loops would giv
 
 H100, 2026-12-05 22:12 UTC (spec_loop-2026-12-05n-H100.txt), µs a pass over the parts'
 517.9: graphs -0.6, graphs + copies +8.3, generate (two in flight) +11.5, four in flight
--4.4, a read every 2nd pass -7.3. `Speculative.generate` now keeps four in flight. Added
-since, to say why four beat two though the GPU always had a pass queued:
+-4.4, a read every 2nd pass -7.3. The next recording's series (pending/next-recording)
+keeps four in flight. Added since, to say why four beat two though the GPU always had a
+pass queued:
 g. "graphs + events": as b with an event after each pass and no copy;
 h. "graphs + kernel": as b with the position stored into pinned host memory by a
    one-program Triton kernel after each pass (no copy engine), and an event;
