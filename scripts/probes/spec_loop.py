@@ -125,7 +125,11 @@ def main():
         }
     cuda = spec.pos.is_cuda
 
-    def graphs(copies, how="copy"):
+    def graphs(after=None):
+        """The pass's graph PASSES times from the prompt's end, each replay followed by
+        `after`: nothing, "copy" (the position's copy and an event, as `generate`),
+        "events" (an event only) or "kernel" (a kernel storing the position into pinned
+        memory, and an event)."""
         reads = PositionReads(spec.pos, most=PASSES)  # its events made once, reused
         host = torch.empty(PASSES, dtype=spec.pos.dtype, pin_memory=cuda)
 
@@ -134,15 +138,13 @@ def main():
             reads.slots.clear()  # never read: only the copies and events are timed
             for i in range(PASSES):
                 run()
-                if not copies:
-                    continue
-                if how == "copy":
+                if after == "copy":
                     reads.queue()
-                elif how == "events":
-                    reads.events[i].record() if cuda else None
-                else:  # a kernel stores it into pinned memory: no copy engine
+                    continue
+                if after == "kernel":  # no copy engine
                     publish_kernel[(1,)](spec.pos, host[i:])
-                    reads.events[i].record() if cuda else None
+                if after and cuda:
+                    reads.events[i].record()
         return fn
 
     def gen(most=None, every=1, tokens=PASSES):
@@ -153,9 +155,8 @@ def main():
         return fn
 
     fns = {name: (lambda f=f: [f() for _ in range(PASSES)]) for name, f in parts.items()}
-    fns |= {"graphs": graphs(False), "graphs + copies": graphs(True),
-            "graphs + events": graphs(True, "events"),
-            "graphs + kernel": graphs(True, "kernel"),
+    fns |= {"graphs": graphs(), "graphs + copies": graphs("copy"),
+            "graphs + events": graphs("events"), "graphs + kernel": graphs("kernel"),
             "generate": gen(), "generate, 2 in flight": gen(2),
             "generate, 3 in flight": gen(3), "generate, 4, read every 2nd": gen(4, 2),
             "generate, 2, read every 2nd": gen(2, 2), "prefill": gen(tokens=1)}
