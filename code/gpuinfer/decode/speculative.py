@@ -39,6 +39,10 @@ from gpuinfer.kernels.common import compile_ahead
 from gpuinfer.measure.timing import capture_graph
 
 REFRESH = (-1, 0)  # the draft's first step of a pass: slots pos - 1 and pos
+# Passes queued ahead of the host's reads. Four, not two: with two, a pass in a generation
+# took 16 µs more at Chapter 6's shapes (H100, 2026-12-05, scripts/probes/spec_loop.py),
+# though two should keep one queued; why is not yet known.
+IN_FLIGHT = 4
 
 
 def share_sequence(draft: StaticDecoder, target: StaticDecoder) -> None:
@@ -276,16 +280,17 @@ class Speculative:
         A pass commits 1 ... k + 1 tokens, so while the passes in flight cannot reach
         the last token, the next one is certainly needed: it is queued before the
         position after the oldest is read, and the GPU never waits for the host's read
-        (two in flight at most). Near the end the loop waits for each read, so that no
+        (`IN_FLIGHT` at most). Near the end the loop waits for each read, so that no
         pass runs past the generation."""
         started = self._start(prompt_ids, new_tokens, k)
         if started is None:
             return torch.empty((1, 0), dtype=torch.int64)
         run, k, start = started
         last, passes, known = start + new_tokens - 1, 0, start
-        reads = PositionReads(self.pos)
+        reads = PositionReads(self.pos, most=IN_FLIGHT)
         while known < last:
-            while reads.in_flight < 2 and known + reads.in_flight * (k + 1) < last:
+            while reads.in_flight < reads.most and \
+                    known + reads.in_flight * (k + 1) < last:
                 run()
                 reads.queue()
                 passes += 1
@@ -300,6 +305,7 @@ class PositionReads:
 
     def __init__(self, pos: torch.Tensor, most: int = 2):
         self.pos, self.cuda = pos, pos.is_cuda
+        self.most = most
         self.host = torch.empty(most, dtype=pos.dtype, pin_memory=self.cuda)
         self.events = [torch.cuda.Event() for _ in range(most)] if self.cuda else []
         self.slots: deque[int] = deque()
@@ -310,10 +316,10 @@ class PositionReads:
 
     def queue(self) -> None:
         """The position as the pass just launched leaves it, on its way to the host."""
-        if len(self.slots) == len(self.host):
+        if len(self.slots) == self.most:
             raise ValueError(f"{len(self.slots)} positions in flight: PositionReads holds "
-                             f"at most {len(self.host)}; read the oldest first")
-        i = next(j for j in range(len(self.host)) if j not in self.slots)
+                             f"at most {self.most}; read the oldest first")
+        i = next(j for j in range(self.most) if j not in self.slots)
         if self.cuda:
             self.host[i: i + 1].copy_(self.pos, non_blocking=True)
             self.events[i].record()

@@ -67,15 +67,14 @@ class TritonDecoder:
 
     Options: `pdl` (off where unsupported: the interpreter, before Hopper); `configs`,
     {name: GemvConfig} over `default_configs` (the step's tiling, which depends on the
-    weights' type) for the GEMVS; `inline_reduce`: split-K
-    and the attention combine finished by the last program to arrive (False: no
-    split-K, a combine kernel per layer); `inline_argmax`: the same for the lm_head
-    argmax (off by default: 16,032 programs arriving at one counter cost the H200
-    about 90 µs); `attention`: {n_split, block_s, num_warps} over `default_attention`
-    (which picks the split by the capacity);
-    `weights`: the format the step's matrices are stored in (`AS_STORED`, `INT8`);
-    `max_query`: the most tokens a pass takes (`device_pass`, `verify_step`: Chapter 6's
-    verify passes; its buffers hold a row per token, row 0 a step's).
+    weights' type) for the GEMVS; `inline_reduce`: split-K and the attention combine
+    finished by the last program to arrive (False: no split-K, a combine kernel per
+    layer); `inline_argmax`: the same for the lm_head argmax (off by default: 16,032
+    programs arriving at one counter cost the H200 about 90 µs); `attention`: {n_split,
+    block_s, num_warps} over `default_attention` (which picks the split by the
+    capacity); `weights`: the format the step's matrices are stored in (`AS_STORED`,
+    `INT8`); `max_query`: the most tokens a pass takes (`device_pass`, `verify_step`:
+    Chapter 6's verify passes; its buffers hold a row per token, row 0 a step's).
     `model`: a LlamaForCausalLM or a checkpoint folder (`model.configs.load_llama`),
     loaded on `device` (default: where the kernels run, the GPU unless they are
     interpreted); a model must already be on `device` when one is given.
@@ -201,9 +200,9 @@ class TritonDecoder:
         return weights + kv_slot * (context + 2)
 
     def decode_step(self) -> None:
-        """`device_step` called from Python: refused past the capacity (by the host's
-        count of pos, `interface.check_step`). (The kernels also mask any write past
-        the cache and the tokens, so that an unchecked replay writes nothing outside.)"""
+        """`device_step` called from Python, refused past the capacity by the host's
+        count of pos (`interface.check_step`); an unchecked replay writes nothing past
+        the cache and the tokens either: the kernels mask such writes."""
         at = check_step(self)
         self.device_step()
         self.host_pos = at + 1
@@ -215,18 +214,17 @@ class TritonDecoder:
 
     def verify_step(self, query: int) -> None:
         """A verify pass, unchecked: the `query` tokens at slots pos - query + 1 ... pos
-        (the last committed token and the proposals after it) in one pass that reads
-        the weights once; the proposals accepted on the device up to the first the
-        model would not have chosen, its choices written after them, pos moved to the
-        last slot written (`kernels.embed_head.pick_tokens`): 1 ... query tokens
-        committed, and no host value read."""
+        (the last committed token and its proposals) in one pass that reads the weights
+        once; the proposals accepted on the device up to the first the model would not
+        have chosen, its choices written after them, pos moved to the last slot written
+        (`embed_head.pick_tokens`): 1 ... query tokens committed, no host value read."""
         self.device_pass(query, accept=True)
 
     def refresh_step(self) -> None:
         """A step that also recomputes the cache slot before pos (slots pos - 1 and pos
         in one pass; its choice after pos written, pos += 1): a draft's first step of a
-        speculative pass, whose slot pos - 1 it has not seen if the target accepted
-        every proposal of the pass before. Unchecked."""
+        speculative pass, which has not seen slot pos - 1 if the target accepted every
+        proposal of the pass before. Unchecked."""
         self.device_pass(2)
 
     def device_pass(self, query: int = 1, accept: bool = False) -> None:
@@ -249,13 +247,19 @@ class TritonDecoder:
             decode_attention(q, self.k_cache[i], self.v_cache[i], self.pos, attn,
                              inline_combine=self.inline_reduce, pdl=pdl,
                              workspace=self.attn_workspace, **self.attention)
-            gemv(w.o, attn, x, residual=x, config=cfg["o"], pdl=pdl, workspace=ws)
-            gemv_silu(w.gate_up, x, h, norm=w.post_norm, eps=eps, config=cfg["gate_up"],
-                      pdl=pdl, workspace=ws)
-            gemv(w.down, h, x, residual=x, config=cfg["down"], pdl=pdl, workspace=ws)
+            self._product("o", w.o, attn, x, residual=x)
+            self._product("gate_up", w.gate_up, x, h, norm=w.post_norm, eps=eps)
+            self._product("down", w.down, h, x, residual=x)
         lm_head_argmax(self.lm_head, x, logits, row, self.pos, norm=self.norm, eps=eps,
                        config=cfg["lm_head"], inline=self.inline_argmax, accept=accept,
                        pdl=pdl, workspace=self.argmax_workspace)
+
+    def _product(self, name: str, weight, x, out, **fusions) -> None:
+        """out = matrix `name` (o, gate_up, down) times x with its fusions, on the
+        step's kernels: a hook a subclass overrides to run others (`triton_step8`)."""
+        fn = gemv_silu if name == "gate_up" else gemv
+        fn(weight, x, out, config=self.configs[name], pdl=self.pdl,
+           workspace=self.workspace, **fusions)
 
     def capture(self, warmup: int = 2) -> Callable[[], None]:
         """Capture device_step in a CUDA graph (`decode.interface.graphed_step`: the
@@ -264,9 +268,9 @@ class TritonDecoder:
         return self.graph
 
     def compile(self) -> None:
-        """Compile the step's kernels, all at once, in parallel (`kernels.common.
-        compile_ahead`), if they are not yet: otherwise the step's first call would
-        compile them one after another. The step's own calls do it first."""
+        """Compile the step's kernels at once, in parallel (`common.compile_ahead`), if
+        not yet: else the step's first call would compile them one after another. The
+        step's own calls do it first."""
         if not self.compiled:
             compile_ahead(self.device_step)
             self.compiled = True
@@ -275,9 +279,7 @@ class TritonDecoder:
         """The per-token call, unchecked: the captured step's replay (default on a GPU),
         or `device_step`."""
         self.compile()
-        if graph is None:
-            graph = self.on_gpu
-        if not graph:
+        if not (self.on_gpu if graph is None else graph):
             return self.device_step
         return self.graph or self.capture()
 

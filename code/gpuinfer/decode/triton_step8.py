@@ -40,12 +40,9 @@ import triton
 from gpuinfer.decode.interface import check_keys
 from gpuinfer.decode.triton_step import TritonDecoder
 from gpuinfer.kernels import eight_bit_gemv
-from gpuinfer.kernels.attention import decode_attention
 from gpuinfer.kernels.common import INTERPRETED
 from gpuinfer.kernels.eight_bit import Fp8Matrix, check_format, fp8_rows
-from gpuinfer.kernels.embed_head import embed, lm_head_argmax
-from gpuinfer.kernels.gemv import GemvConfig, gemv, gemv_silu
-from gpuinfer.kernels.qkv_rope import qkv_rope
+from gpuinfer.kernels.gemv import GemvConfig
 from gpuinfer.kernels.tiling import alone_configs
 from gpuinfer.model.configs import load_llama
 from gpuinfer.model.llama import INT8, WeightFormat, weights_of
@@ -165,42 +162,21 @@ class EightBitDecoder(TritonDecoder):
         return [t for item in super().tensors() for t in
                 ((item.q, item.scale) if isinstance(item, Fp8Matrix) else (item,))]
 
-    def _product(self, name: str, w, x, out, **fusions) -> None:
+    def _product(self, name: str, weight, x, out, **fusions) -> None:
         """out = matrix `name` (o, gate_up or down) times x, with its fusions: on the
         eight-bit kernels if it is one of `matrices`, else on the parent's."""
-        silu = name == "gate_up"
-        if name in self.matrices:
-            config, fold = self.configs8[name]
-            fn = eight_bit_gemv.gemv8_silu if silu else eight_bit_gemv.gemv8
-            fn(w, x, out, config=config, pdl=self.pdl, format=self.format, fold=fold,
-               **fusions)
-        else:
-            fn = gemv_silu if silu else gemv
-            fn(w, x, out, config=self.configs[name], pdl=self.pdl,
-               workspace=self.workspace, **fusions)
+        if name not in self.matrices:
+            return super()._product(name, weight, x, out, **fusions)
+        config, fold = self.configs8[name]
+        fn = eight_bit_gemv.gemv8_silu if name == "gate_up" else eight_bit_gemv.gemv8
+        fn(weight, x, out, config=config, pdl=self.pdl, format=self.format, fold=fold,
+           **fusions)
 
     def device_pass(self, query: int = 1, accept: bool = False) -> None:
-        """The parent's step (`TritonDecoder.device_pass` at query 1), with o, gate/up
-        and down through `_product`. Written out again: the parent calls its
-        kernels by name inside one loop, with no hook for a matrix's product."""
+        """The parent's step (`TritonDecoder.device_pass` at query 1), its o, gate/up
+        and down through `_product`; a pass of more tokens refused."""
         if query != 1:
             raise ValueError(f"a pass of {query} tokens: EightBitDecoder runs "
                              "one-token steps; for passes use "
                              "TritonDecoder(..., max_query=...)")
-        pdl, ws, cfg, eps = self.pdl, self.workspace, self.configs, self.eps
-        x, h, q, attn = self.x, self.h, self.q, self.attn
-        row = self.tokens[0]
-        embed(self.embed, row, self.pos, x, pdl=pdl)
-        for i, w in enumerate(self.layers):
-            qkv_rope(w.qkv, x, q, self.k_cache[i], self.v_cache[i], self.cos, self.sin,
-                     self.pos, n_heads=self.n_heads, norm=w.input_norm, eps=eps,
-                     config=cfg["qkv"], pdl=pdl, workspace=ws)
-            decode_attention(q, self.k_cache[i], self.v_cache[i], self.pos, attn,
-                             inline_combine=self.inline_reduce, pdl=pdl,
-                             workspace=self.attn_workspace, **self.attention)
-            self._product("o", w.o, attn, x, residual=x)
-            self._product("gate_up", w.gate_up, x, h, norm=w.post_norm, eps=eps)
-            self._product("down", w.down, h, x, residual=x)
-        lm_head_argmax(self.lm_head, x, self.logits, row, self.pos, norm=self.norm,
-                       eps=eps, config=cfg["lm_head"], inline=self.inline_argmax,
-                       accept=accept, pdl=pdl, workspace=self.argmax_workspace)
+        super().device_pass(query, accept)

@@ -62,6 +62,68 @@ def slots_seen(pos, capacity):
 
 
 @triton.jit
+def kv_tile(k_ptr, v_ptr, base, start, end, d, BLOCK_S: tl.constexpr,
+            HEAD_DIM: tl.constexpr, CACHE: tl.constexpr):
+    """The tile of slots start... of a head's keys and values (those from `end` on
+    read as 0), its loads with the cache modifier CACHE ("": the default, ".cg": at
+    L2, for slots another program of this grid has just written)."""
+    slots = start + tl.arange(0, BLOCK_S)
+    at = base + slots[:, None] * HEAD_DIM + d[None, :]
+    mask = (slots < end)[:, None]
+    k = tl.load(k_ptr + at, mask=mask, other=0.0, cache_modifier=CACHE)
+    v = tl.load(v_ptr + at, mask=mask, other=0.0, cache_modifier=CACHE)
+    return slots, k, v
+
+
+@triton.jit
+def softmax_tile(q, k, v, valid, m, l, acc, scale, dt: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    """The online softmax over one tile: q (GROUP_PAD, HEAD_DIM) against the tile's
+    keys and values (the slots not `valid` weigh 0); the running max m, sum l and
+    weighted values acc, in FP32, carried to the next tile. dt: the cache's dtype, to
+    which p is rounded for the second product, as flash attention does. UPCAST: FP32
+    products in IEEE precision (no TF32), for FP32 caches, and under the interpreter,
+    whose tl.dot cannot multiply BF16 (numpy has no BF16)."""
+    PRECISION: tl.constexpr = "ieee" if UPCAST else "tf32"
+    kt, vt = k, v
+    if UPCAST:
+        kt = k.to(tl.float32)
+        vt = v.to(tl.float32)
+    scores = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale
+    scores = tl.where(valid[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, axis=1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(scores - m_new[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    pv = tl.dot(round_to(p, dt).to(vt.dtype), vt, input_precision=PRECISION)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l, acc
+
+
+@triton.jit
+def online_softmax(q, k, v, slots, start, end, k_ptr, v_ptr, base, d, scale,
+                   BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr,
+                   CACHE: tl.constexpr):
+    """The softmax-weighted values of the slots start..end of one key/value head for
+    the queries q (GROUP_PAD, HEAD_DIM), tile by tile: k, v the first tile (of `slots`),
+    already loaded; each next one loaded with CACHE (`kv_tile`). Returns the running
+    max m, sum l and weighted values acc (FP32), to divide or to combine."""
+    GROUP_PAD: tl.constexpr = q.shape[0]
+    dt = q.dtype
+    if UPCAST:  # FP32 products (`softmax_tile`)
+        q = q.to(tl.float32)
+    m = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
+    l = tl.zeros((GROUP_PAD,), tl.float32)
+    acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
+    while start < end:  # a while loop: the bounds are tensors (see the module's notes)
+        m, l, acc = softmax_tile(q, k, v, slots < end, m, l, acc, scale, dt, UPCAST)
+        start += BLOCK_S  # the next tile (none past the end)
+        slots, k, v = kv_tile(k_ptr, v_ptr, base, start, end, d, BLOCK_S, HEAD_DIM,
+                              CACHE)
+    return m, l, acc
+
+
+@triton.jit
 def pass_token(pos, t, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                N_SPLIT: tl.constexpr, ROWS: tl.constexpr):
     """Token t of a pass of ROWS tokens, grid axis 0 the key/value heads: its slot
@@ -158,36 +220,9 @@ def attention_partial_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, o_ptr, cnt_
     g = tl.arange(0, GROUP_PAD)
     q = tl.load(q_ptr + (h * GROUP + g)[:, None] * HEAD_DIM + d[None, :],
                 mask=(g < GROUP)[:, None], other=0.0)
-    dt = q.dtype
-    # UPCAST: FP32 products in IEEE precision (no TF32), for FP32 caches, and under the
-    # interpreter, whose tl.dot cannot multiply BF16 (numpy has no BF16)
-    PRECISION: tl.constexpr = "ieee" if UPCAST else "tf32"
-    if UPCAST:
-        q = q.to(tl.float32)
-    m = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
-    l = tl.zeros((GROUP_PAD,), tl.float32)
-    acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
-    while start < end:  # k, v: the tile of slots start.., loaded by the last pass
-        valid = slots < end
-        kt, vt = k, v
-        if UPCAST:
-            kt = k.to(tl.float32)
-            vt = v.to(tl.float32)
-        scores = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        # p rounded to the cache's dtype for the second product, as flash attention does
-        pv = tl.dot(round_to(p, dt).to(vt.dtype), vt, input_precision=PRECISION)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
-        start += BLOCK_S
-        slots = start + tl.arange(0, BLOCK_S)  # the next tile (none past the end)
-        at = base + slots[:, None] * HEAD_DIM + d[None, :]
-        k = tl.load(k_ptr + at, mask=(slots < end)[:, None], other=0.0)
-        v = tl.load(v_ptr + at, mask=(slots < end)[:, None], other=0.0)
+    # k, v: the tile of slots start.., loaded before the PDL wait
+    m, l, acc = online_softmax(q, k, v, slots, start, end, k_ptr, v_ptr, base, d, scale,
+                               BLOCK_S, HEAD_DIM, UPCAST, "")
     if N_SPLIT == 1:  # one program per head saw every slot: nothing to combine
         o = acc / l[:, None]  # what combine_head makes of a single partial
         out = o_ptr + (h * GROUP + g)[:, None] * HEAD_DIM + d[None, :]

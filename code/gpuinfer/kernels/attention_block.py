@@ -54,7 +54,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gpuinfer.kernels.attention import decode_attention_reference, slots_seen
+from gpuinfer.kernels.attention import (decode_attention_reference, online_softmax,
+                                        slots_seen)
 from gpuinfer.kernels.common import (INTERPRETED, Workspace, check_pow2, launch_options,
                                      pdl_wait, round_to)
 from gpuinfer.kernels.gemv import GemvConfig, pass_outputs, tokens_of
@@ -178,35 +179,10 @@ def attend(q_ptr, o_ptr, k_ptr, v_ptr, pos_ptr, cnt_ptr, h, cache_head_stride, s
     g = tl.arange(0, GROUP_PAD)
     q = tl.load(q_ptr + (h * GROUP + g)[:, None] * HEAD_DIM + d[None, :],
                 mask=(g < GROUP)[:, None], other=0.0, cache_modifier=".cg")
-    dt = q.dtype
-    PRECISION: tl.constexpr = "ieee" if UPCAST else "tf32"
-    if UPCAST:
-        q = q.to(tl.float32)
-    m = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
-    l = tl.zeros((GROUP_PAD,), tl.float32)
-    acc = tl.zeros((GROUP_PAD, HEAD_DIM), tl.float32)
-    while start < end:  # k, v: the tile of slots start..
-        valid = slots < end
-        kt, vt = k, v
-        if UPCAST:
-            kt = k.to(tl.float32)
-            vt = v.to(tl.float32)
-        scores = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * scale
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        pv = tl.dot(round_to(p, dt).to(vt.dtype), vt, input_precision=PRECISION)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
-        start += BLOCK_S
-        slots = start + tl.arange(0, BLOCK_S)  # the next tile (none past the end)
-        at = base + slots[:, None] * HEAD_DIM + d[None, :]
-        k = tl.load(k_ptr + at, mask=(slots < end)[:, None], other=0.0,
-                    cache_modifier=".cg")
-        v = tl.load(v_ptr + at, mask=(slots < end)[:, None], other=0.0,
-                    cache_modifier=".cg")
+    # the next tiles .cg: the newest slot, just written by this grid's producers, may
+    # be in one of them
+    m, l, acc = online_softmax(q, k, v, slots, start, end, k_ptr, v_ptr, base, d, scale,
+                               BLOCK_S, HEAD_DIM, UPCAST, ".cg")
     o = acc / l[:, None]
     if INTERPRET:  # the count checked where it is read once: short or stale is NaN
         o = tl.where(seen == EXPECTED, o, float("nan"))

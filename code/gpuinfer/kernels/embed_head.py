@@ -26,7 +26,8 @@ from gpuinfer.model.llama import rms_norm
 from gpuinfer.kernels.common import (arrive, check_pow2, launch_options, pdl_wait,
                                      round_to)
 from gpuinfer.kernels.gemv import GemvConfig, pass_outputs, tokens_of
-from gpuinfer.kernels.tile import prefetch, rows_dots
+from gpuinfer.kernels.mma_dot import product
+from gpuinfer.kernels.tile import prefetch
 from gpuinfer.model.quant import Int8Matrix, matvec_fp32, unpack
 
 
@@ -53,6 +54,23 @@ def choose(best_ptr, best_idx_ptr, n_blocks, BLOCK_R: tl.constexpr,
 
 
 @triton.jit
+def accept_choices(choices, r, tokens_ptr, pos_ptr, capacity, ROWS: tl.constexpr):
+    """A verify pass's acceptance (`pick_tokens` with ACCEPT), all tokens at once:
+    choices[r] the choice after token r (r < ROWS; r = tl.arange over ROWS padded to a
+    power of two). Proposal r is the token after token r, for r < ROWS - 1; m is the
+    first refused (the last token has none): choices 0 ... m go in, and pos moves to
+    the last slot written."""
+    first = tl.load(pos_ptr) - (ROWS - 1)
+    slot = first + 1 + r  # the slot after token r: proposal r, then choice r
+    ours = (r < ROWS) & (slot >= 0) & (slot < capacity)
+    # every proposal read before any choice is written over it
+    proposal = tl.load(tokens_ptr + slot, mask=ours & (r < ROWS - 1), other=-1)
+    m = tl.min(tl.where((proposal == choices) & (r < ROWS - 1), ROWS - 1, r), axis=0)
+    tl.store(tokens_ptr + slot, choices, mask=ours & (r <= m))
+    tl.store(pos_ptr, first + m + 1)
+
+
+@triton.jit
 def pick_tokens(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr, capacity,
                 BLOCK_R: tl.constexpr, N_CHUNKS: tl.constexpr, ROWS: tl.constexpr,
                 ACCEPT: tl.constexpr):
@@ -70,21 +88,14 @@ def pick_tokens(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr, capacity,
     Past the tokens (a slot >= capacity, or a negative one) nothing is written, but pos
     still advances: every later step finds pos past the cache too, and writes nothing
     (the decoder's host count refuses such steps; a graph's replay runs them)."""
-    if ACCEPT:
-        pos = tl.load(pos_ptr)
-        first = pos - (ROWS - 1)
-        agree = pos == pos  # so far every proposal was the target's choice
-        written = pos - pos
+    if ACCEPT:  # each token's choice in a vector, then all accepted at once
+        r = tl.arange(0, triton.next_power_of_2(ROWS))
+        choices = tl.full(r.shape, -1, tl.int64)
         for t in tl.static_range(ROWS):
             choice = choose(best_ptr + t * n_blocks, best_idx_ptr + t * n_blocks,
                             n_blocks, BLOCK_R, N_CHUNKS)
-            slot = first + t + 1
-            ours = agree & (slot >= 0) & (slot < capacity)
-            proposal = tl.load(tokens_ptr + slot, mask=ours & (t < ROWS - 1), other=-1)
-            tl.store(tokens_ptr + slot, choice, mask=ours)
-            written += agree.to(tl.int64)
-            agree = agree & (proposal == choice)
-        tl.store(pos_ptr, first + written)
+            choices = tl.where(r == t, choice, choices)
+        accept_choices(choices, r, tokens_ptr, pos_ptr, capacity, ROWS)
     else:
         last = (ROWS - 1) * n_blocks
         choice = choose(best_ptr + last, best_idx_ptr + last, n_blocks, BLOCK_R,
@@ -96,24 +107,16 @@ def pick_tokens(best_ptr, best_idx_ptr, n_blocks, tokens_ptr, pos_ptr, capacity,
 
 
 @triton.jit
-def lm_head_argmax_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, logits_ptr, best_ptr,
-                          best_idx_ptr, cnt_ptr, tokens_ptr, pos_ptr, N, K, stride_w,
-                          eps, capacity, NORM: tl.constexpr, SCALED: tl.constexpr,
-                          K_NORM: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          N_TILES: tl.constexpr, BLOCK_R: tl.constexpr,
-                          N_CHUNKS: tl.constexpr, INLINE: tl.constexpr,
-                          PDL: tl.constexpr, ROWS: tl.constexpr, ACCEPT: tl.constexpr):
-    block = tl.program_id(0)
-    blocks = tl.num_programs(0)
-    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    w, g, s = prefetch(w_ptr, stride_w, rows, rows < N, 0, K, norm_ptr, scale_ptr, NORM,
-                       SCALED, BLOCK_K)
-    pdl_wait(PDL)
-    R: tl.constexpr = triton.next_power_of_2(ROWS)  # a row per token, padded
-    rr = tl.arange(0, R)
-    y = rows_dots(w, g, s, w_ptr, stride_w, rows, rows < N, x_ptr, K, 0, K, norm_ptr,
-                  eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, True, ROWS, R)
+def logits_epilogue(y, logits_ptr, best_ptr, best_idx_ptr, cnt_ptr, tokens_ptr, pos_ptr,
+                    capacity, rr, rows, N, block, blocks, BLOCK_N: tl.constexpr,
+                    BLOCK_R: tl.constexpr, N_CHUNKS: tl.constexpr, INLINE: tl.constexpr,
+                    ROWS: tl.constexpr, ACCEPT: tl.constexpr):
+    """The lm_head's epilogue, a step's or a pass's: y (R, BLOCK_N), the FP32 logits
+    of the block's rows for each token (rr: a row each, padded), rounded to the
+    activations' dtype as PyTorch's argmax sees them and stored; each token's block
+    maximum and its index (the first, on a tie) in its row of the blocks' maxima;
+    then, if INLINE, the last program of the `blocks` to finish picks the tokens
+    (`pick_tokens`)."""
     dt = logits_ptr.dtype.element_ty
     y = round_to(y, dt)
     mask = (rr < ROWS)[:, None] & (rows < N)[None, :]
@@ -126,6 +129,37 @@ def lm_head_argmax_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, logits_ptr, best_pt
         if arrive(cnt_ptr, blocks):
             pick_tokens(best_ptr, best_idx_ptr, blocks, tokens_ptr, pos_ptr, capacity,
                         BLOCK_R, N_CHUNKS, ROWS, ACCEPT)
+
+
+@triton.jit
+def lm_head_argmax_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, logits_ptr, best_ptr,
+                          best_idx_ptr, cnt_ptr, tokens_ptr, pos_ptr, N, K, stride_w,
+                          eps, capacity, NORM: tl.constexpr, SCALED: tl.constexpr,
+                          K_NORM: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          N_TILES: tl.constexpr, BLOCK_R: tl.constexpr,
+                          N_CHUNKS: tl.constexpr, INLINE: tl.constexpr,
+                          PDL: tl.constexpr, ROWS: tl.constexpr, ACCEPT: tl.constexpr,
+                          N_NORM: tl.constexpr = 1, CHAINS: tl.constexpr = 1,
+                          MMA: tl.constexpr = False):
+    """The lm_head's logits and block maxima for the ROWS tokens of x, all K columns a
+    program (no split-K). MMA: the product on the tensor cores (`mma_dot.product`),
+    as the verify pass's kernel runs this program
+    (`pass_mma_heads.lm_head_pass_kernel`)."""
+    block = tl.program_id(0)
+    blocks = tl.num_programs(0)
+    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    w, g, s = prefetch(w_ptr, stride_w, rows, rows < N, 0, K, norm_ptr, scale_ptr, NORM,
+                       SCALED, BLOCK_K)
+    pdl_wait(PDL)
+    R: tl.constexpr = triton.next_power_of_2(ROWS)  # a row per token, padded
+    rr = tl.arange(0, R)
+    y = product(w, g, s, w_ptr, stride_w, rows, rows < N, x_ptr, K, 0, K, norm_ptr, eps,
+                NORM, SCALED, K_NORM, BLOCK_K, N_TILES, N_NORM, True, ROWS, R, CHAINS,
+                MMA)
+    logits_epilogue(y, logits_ptr, best_ptr, best_idx_ptr, cnt_ptr, tokens_ptr, pos_ptr,
+                    capacity, rr, rows, N, block, blocks, BLOCK_N, BLOCK_R, N_CHUNKS,
+                    INLINE, ROWS, ACCEPT)
 
 
 @triton.jit
@@ -172,6 +206,39 @@ class ArgmaxWorkspace:
         self.counter = torch.zeros(1, device=device, dtype=torch.int32)
 
 
+def block_maxima(config: GemvConfig, n: int, rows: int,
+                 workspace: ArgmaxWorkspace | None,
+                 device) -> tuple[int, ArgmaxWorkspace]:
+    """How many blocks of config.block_n rows an lm_head of n rows takes, one program
+    each, and the workspace for their maxima: `workspace`, refused unless it holds a
+    row of them for each of `rows` tokens, or a fresh one."""
+    blocks = triton.cdiv(n, config.block_n)
+    ws = workspace or ArgmaxWorkspace(device, blocks, rows=rows)
+    if ws.best.numel() < rows * blocks:
+        raise ValueError(f"argmax workspace holds {ws.best.numel()} block maxima, "
+                         f"need {rows} x {blocks}")
+    return blocks, ws
+
+
+def launch_lm_head(kernel, config: GemvConfig, w: torch.Tensor, scale, x, norm, logits,
+                   tokens, pos, rows: int, *, eps: float, inline: bool, accept: bool,
+                   pdl: bool, workspace: ArgmaxWorkspace | None,
+                   ) -> tuple[int, ArgmaxWorkspace]:
+    """Launch `kernel`, the step's lm_head kernel or the pass's (whose arguments are the
+    step's and its tiling's, `MmaConfig.kernel_args`), over the `rows` tokens of x,
+    its buffers already checked. Returns the blocks and the workspace that holds their
+    maxima (`block_maxima`), for the reduction after it unless `inline`."""
+    n, k = w.shape
+    blocks, ws = block_maxima(config, n, rows, workspace, w.device)
+    kernel[(blocks,)](
+        w, scale, x, norm, logits, ws.best, ws.best_idx, ws.counter, tokens, pos,
+        n, k, w.stride(0), eps, tokens.numel(), SCALED=scale is not None,
+        BLOCK_R=ws.block_r, N_CHUNKS=triton.cdiv(blocks, ws.block_r), INLINE=inline,
+        PDL=pdl, ROWS=rows, ACCEPT=accept, **config.kernel_args(k, norm),
+        **launch_options(config.num_warps, config.num_stages, pdl))
+    return blocks, ws
+
+
 def lm_head_argmax(w: torch.Tensor | Int8Matrix, x: torch.Tensor, logits: torch.Tensor,
                    tokens: torch.Tensor, pos: torch.Tensor, *,
                    norm: torch.Tensor | None = None, eps: float = 1e-5,
@@ -189,19 +256,9 @@ def lm_head_argmax(w: torch.Tensor | Int8Matrix, x: torch.Tensor, logits: torch.
     if config.split_k != 1:
         raise ValueError("the lm_head argmax has no split-K (one program per block)")
     rows, _ = pass_outputs(x, k, n, logits=logits)  # logits: (T, vocab), or refused
-    blocks = triton.cdiv(n, config.block_n)
-    ws = workspace or ArgmaxWorkspace(w.device, blocks, rows=rows)
-    if ws.best.numel() < rows * blocks:
-        raise ValueError(f"argmax workspace holds {ws.best.numel()} block maxima, "
-                         f"need {rows} x {blocks}")
-    lm_head_argmax_kernel[(blocks,)](
-        w, scale, x, norm, logits, ws.best, ws.best_idx, ws.counter, tokens, pos,
-        n, k, w.stride(0), eps, tokens.numel(),
-        NORM=norm is not None, SCALED=scale is not None,
-        K_NORM=triton.next_power_of_2(k), BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, N_TILES=config.tiles(k), BLOCK_R=ws.block_r,
-        N_CHUNKS=triton.cdiv(blocks, ws.block_r), INLINE=inline, PDL=pdl, ROWS=rows,
-        ACCEPT=accept, **launch_options(config.num_warps, config.num_stages, pdl))
+    blocks, ws = launch_lm_head(lm_head_argmax_kernel, config, w, scale, x, norm,
+                                logits, tokens, pos, rows, eps=eps, inline=inline,
+                                accept=accept, pdl=pdl, workspace=workspace)
     if not inline:
         # one program, as wide as it takes to read every block maximum at once: a loop
         # of chunks would be one L2 round trip after another

@@ -34,7 +34,8 @@ import triton.language as tl
 from gpuinfer.model.llama import rms_norm
 from gpuinfer.kernels.common import (Workspace, check_pow2, launch_options, pdl_wait,
                                      round_to, split_k_sum)
-from gpuinfer.kernels.tile import prefetch, rows_dots
+from gpuinfer.kernels.mma_dot import product
+from gpuinfer.kernels.tile import prefetch, split_columns
 from gpuinfer.model.quant import Int8Matrix, matvec_fp32, unpack
 
 INT8_WIDEN = ("bits", "convert")  # how `gemv` widens int8 weights (`widen`)
@@ -76,6 +77,51 @@ class GemvConfig:
     def grid(self, n_out: int, k: int) -> tuple[int, int]:
         return triton.cdiv(n_out, self.block_n), self.splits(k)
 
+    def kernel_args(self, k: int, norm) -> dict:
+        """The compile-time arguments a product's kernel takes from this tiling for
+        K = k columns, with the RMSNorm prologue if `norm` (its weight) is given."""
+        return dict(NORM=norm is not None, K_NORM=triton.next_power_of_2(k),
+                    BLOCK_N=self.block_n, BLOCK_K=self.block_k, N_TILES=self.tiles(k))
+
+
+@triton.jit
+def store_linear(out_ptr, y, res, rr, rows, N, mask, RESIDUAL: tl.constexpr):
+    """A product's epilogue: y (R, BLOCK_N), its finished FP32 sums, stored to out
+    (rows rr (R, 1) of N) at the block's `rows`, as F.linear's output in the
+    activations' dtype, plus the residual res (FP32) if RESIDUAL, the sum rounded
+    again as PyTorch's add rounds it."""
+    dt = out_ptr.dtype.element_ty
+    y = round_to(y, dt)  # F.linear's output, in the activations' dtype
+    if RESIDUAL:
+        y = round_to(res + y, dt)
+    tl.store(out_ptr + rr * N + rows[None, :], y.to(dt), mask=mask)
+
+
+@triton.jit
+def gate_up_rows(block, N, BLOCK_N: tl.constexpr):
+    """Program `block`'s 2 BLOCK_N rows of the stacked gate/up matrix (2N rows), in
+    pairs: tile row 2i is gate row j, row 2i + 1 up row j, j = block * BLOCK_N + i,
+    as `store_silu` takes them apart. Returns the tile's row numbers, each one's
+    output j (j < N: the row exists) and the matrix's rows."""
+    r = tl.arange(0, 2 * BLOCK_N)
+    j = block * BLOCK_N + r // 2
+    return r, j, j + (r % 2) * N
+
+
+@triton.jit
+def store_silu(out_ptr, y, block, N, rr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    """The gate/up epilogue: y (R, 2 BLOCK_N), the pairs' finished FP32 sums in the
+    order of `gate_up_rows`; out[t, j] = SiLU(gate) * up for each token t (rr (R, 1),
+    its rows, padded) and output j of the block, each operation rounded to the
+    activations' dtype as the Llama MLP rounds it."""
+    dt = out_ptr.dtype.element_ty
+    gate, up = tl.split(tl.reshape(y, (y.shape[0], BLOCK_N, 2)))
+    gate = round_to(gate, dt)
+    silu = round_to(gate / (1.0 + tl.exp(-gate)), dt)
+    out = round_to(silu * round_to(up, dt), dt)
+    jj = block * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tl.store(out_ptr + rr * N + jj, out.to(dt), mask=(rr < ROWS) & (jj < N))
+
 
 @triton.jit
 def gemv_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, res_ptr, norm_ptr, ws_ptr, cnt_ptr,
@@ -84,15 +130,16 @@ def gemv_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, res_ptr, norm_ptr, ws_ptr, cnt
                 K_NORM: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_TILES: tl.constexpr,
                 SPLIT_K: tl.constexpr, PDL: tl.constexpr, BITS: tl.constexpr,
-                ROWS: tl.constexpr):
+                ROWS: tl.constexpr, N_NORM: tl.constexpr = 1, CHAINS: tl.constexpr = 1,
+                MMA: tl.constexpr = False):
     """out = [res +] W @ [RMSNorm](x), for each of ROWS vectors x (rows of x, out and
     res, one after another). out may be res itself: each program reads and writes only
-    its own rows of it."""
+    its own rows of it. MMA: the product on the tensor cores (`mma_dot.product`), as
+    a pass's kernel runs this program (`pass_mma.gemv_pass_kernel`)."""
     block = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    pid_k = tl.program_id(1)  # the split of K's columns
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
+    k_lo, k_hi = split_columns(pid_k, K, k_per_split)
     valid = rows < N
     w, g, s = prefetch(w_ptr, stride_w, rows, valid, k_lo, k_hi, norm_ptr, scale_ptr,
                        NORM, SCALED, BLOCK_K)
@@ -104,15 +151,12 @@ def gemv_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, res_ptr, norm_ptr, ws_ptr, cnt
     res = 0.0
     if RESIDUAL:  # now, in the shadow of the weights, not after the sum
         res = tl.load(res_ptr + rr * N + rows[None, :], mask=mask).to(tl.float32)
-    y = rows_dots(w, g, s, w_ptr, stride_w, rows, valid, x_ptr, K, k_lo, k_hi, norm_ptr,
-                  eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, BITS, ROWS, R)
+    y = product(w, g, s, w_ptr, stride_w, rows, valid, x_ptr, K, k_lo, k_hi, norm_ptr,
+                eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, N_NORM, BITS, ROWS, R,
+                CHAINS, MMA)
     y, last = split_k_sum(y, at, ws_ptr, cnt_ptr, block, pid_k, SPLIT_K, R * BLOCK_N)
-    if last:
-        dt = out_ptr.dtype.element_ty
-        y = round_to(y, dt)  # F.linear's output, in the activations' dtype
-        if RESIDUAL:
-            y = round_to(res + y, dt)
-        tl.store(out_ptr + rr * N + rows[None, :], y.to(dt), mask=mask)
+    if last:  # F.linear's output [+ res], rounded to the activations' dtype
+        store_linear(out_ptr, y, res, rr, rows, N, mask, RESIDUAL)
 
 
 @triton.jit
@@ -121,35 +165,29 @@ def gemv_silu_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, norm_ptr, ws_ptr, cnt_ptr
                      NORM: tl.constexpr, SCALED: tl.constexpr, K_NORM: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      N_TILES: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
-                     ROWS: tl.constexpr):
+                     ROWS: tl.constexpr, N_NORM: tl.constexpr = 1,
+                     CHAINS: tl.constexpr = 1, MMA: tl.constexpr = False):
     """out[j] = SiLU(gate_j) * up_j for W = [gate; up] (2N rows), for each of ROWS
     vectors x: the MLP's intermediate is written once, gate and up never. Tile row 2i
-    is gate row j, row 2i + 1 up row j."""
+    is gate row j, row 2i + 1 up row j. MMA: as `gemv_kernel`'s, for
+    `pass_mma.gemv_silu_pass_kernel` (one MMA for both rows of a pair)."""
     block = tl.program_id(0)
     pid_k = tl.program_id(1)
-    r = tl.arange(0, 2 * BLOCK_N)
-    j = block * BLOCK_N + r // 2
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
-    rows = j + (r % 2) * N
+    r, j, rows = gate_up_rows(block, N, BLOCK_N)
+    k_lo, k_hi = split_columns(pid_k, K, k_per_split)
     w, g, s = prefetch(w_ptr, stride_w, rows, j < N, k_lo, k_hi, norm_ptr, scale_ptr,
                        NORM, SCALED, BLOCK_K)
     pdl_wait(PDL)
     R: tl.constexpr = triton.next_power_of_2(ROWS)
     rr = tl.arange(0, R)[:, None]
-    y = rows_dots(w, g, s, w_ptr, stride_w, rows, j < N, x_ptr, K, k_lo, k_hi, norm_ptr,
-                  eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, True, ROWS, R)
+    y = product(w, g, s, w_ptr, stride_w, rows, j < N, x_ptr, K, k_lo, k_hi, norm_ptr,
+                eps, NORM, SCALED, K_NORM, BLOCK_K, N_TILES, N_NORM, True, ROWS, R,
+                CHAINS, MMA)
     at = rr * (2 * BLOCK_N) + r[None, :]
     y, last = split_k_sum(y, at, ws_ptr, cnt_ptr, block, pid_k, SPLIT_K,
                           R * 2 * BLOCK_N)
     if last:
-        dt = out_ptr.dtype.element_ty
-        gate, up = tl.split(tl.reshape(y, (R, BLOCK_N, 2)))
-        gate = round_to(gate, dt)
-        silu = round_to(gate / (1.0 + tl.exp(-gate)), dt)
-        out = round_to(silu * round_to(up, dt), dt)
-        jj = block * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tl.store(out_ptr + rr * N + jj, out.to(dt), mask=(rr < ROWS) & (jj < N))
+        store_silu(out_ptr, y, block, N, rr, BLOCK_N, ROWS)
 
 
 def workspace_for(config: GemvConfig, n_out: int, k: int, rows_per_out: int,
@@ -229,11 +267,9 @@ def gemv(w: torch.Tensor | Int8Matrix, x: torch.Tensor, out: torch.Tensor | None
                                          residual)
     gemv_kernel[grid](
         w, scale, x, out, residual, norm, ws.partials, ws.counters,
-        n, k, w.stride(0), config.k_per_split(k), eps,
-        NORM=norm is not None, SCALED=scale is not None, RESIDUAL=residual is not None,
-        K_NORM=triton.next_power_of_2(k), BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, N_TILES=config.tiles(k), SPLIT_K=grid[1], PDL=pdl,
-        BITS=int8_widen == "bits", ROWS=tokens,
+        n, k, w.stride(0), config.k_per_split(k), eps, SCALED=scale is not None,
+        RESIDUAL=residual is not None, SPLIT_K=grid[1], PDL=pdl,
+        BITS=int8_widen == "bits", ROWS=tokens, **config.kernel_args(k, norm),
         **launch_options(config.num_warps, config.num_stages, pdl))
     return out
 
@@ -250,11 +286,8 @@ def gemv_silu(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
     tokens, out, ws, grid = _launch_plan(config, w, x, n, 2, out, workspace)
     gemv_silu_kernel[grid](
         w, scale, x, out, norm, ws.partials, ws.counters,
-        n, k, w.stride(0), config.k_per_split(k), eps,
-        NORM=norm is not None, SCALED=scale is not None,
-        K_NORM=triton.next_power_of_2(k),
-        BLOCK_N=config.block_n, BLOCK_K=config.block_k, N_TILES=config.tiles(k),
-        SPLIT_K=grid[1], PDL=pdl, ROWS=tokens,
+        n, k, w.stride(0), config.k_per_split(k), eps, SCALED=scale is not None,
+        SPLIT_K=grid[1], PDL=pdl, ROWS=tokens, **config.kernel_args(k, norm),
         **launch_options(config.num_warps, config.num_stages, pdl))
     return out
 

@@ -17,7 +17,8 @@ import os
 import sys
 
 # Ours, in import order (each binds names from the ones before it).
-MODULES = ("gpuinfer.kernels.common", "gpuinfer.kernels.tile", "gpuinfer.kernels.gemv",
+MODULES = ("gpuinfer.kernels.common", "gpuinfer.kernels.tile",
+           "gpuinfer.kernels.mma_dot", "gpuinfer.kernels.gemv",
            "gpuinfer.kernels.tiling", "gpuinfer.kernels.qkv_rope",
            "gpuinfer.kernels.attention", "gpuinfer.kernels.embed_head",
            "gpuinfer.decode.triton_step")

@@ -10,15 +10,17 @@ multiplies all of them, and the reduction over K happens in the tensor cores.
 The step itself keeps its GEMV kernels: a `tl.dot` step was measured at 594 µs against
 267, so nothing here runs for one token unless asked.
 
-As in the step, a program loads its first weight tile before the PDL wait
+Each kernel runs the step's own program (`gemv.gemv_kernel`, `gemv.gemv_silu_kernel`)
+with its product on the tensor cores (MMA: `mma_dot.product`, `mma_dot.pass_dot`), so
+all else is the step's: the first weight tile loaded before the PDL wait
 (`tile.prefetch`, `common.pdl_wait`) and x, written by the kernel before, after it;
-the other tiles (a long K, the down projection's) come in a loop over K. Fusions as
-the step's: an RMSNorm prologue per token, a residual epilogue, SiLU(gate) * up on
-the stacked gate/up rows (paired in the tile as `gemv_silu` pairs them), split-K
-finished by the last program (`split_k_sum`). Weights: in x's dtype (BF16: a BF16
-MMA with FP32 accumulation; FP32: `input_precision="ieee"`, no TF32), or int8 with a
-scale a row, widened exactly to x's dtype (`tile.widen`), the scale applied to the
-sums. Interpreted, `tl.dot` cannot multiply BF16: both sides go to FP32 there.
+the other tiles (a long K, the down projection's) in a loop over K; an RMSNorm
+prologue per token, a residual epilogue (`gemv.store_linear`), SiLU(gate) * up on the
+stacked gate/up rows (`gemv.gate_up_rows`, `gemv.store_silu`), split-K finished by the
+last program (`split_k_sum`). Weights: in x's dtype (BF16: a BF16 MMA with FP32
+accumulation; FP32: `input_precision="ieee"`, no TF32), or int8 with a scale a row,
+widened exactly to x's dtype (`tile.widen`), the scale applied to the sums.
+Interpreted, `tl.dot` cannot multiply BF16: both sides go to FP32 there.
 
 The normalised x is rounded as PyTorch rounds it (`tile.normed`), but the products
 are summed in the MMA's order, not the step's: results match the PyTorch references
@@ -33,11 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gpuinfer.kernels.common import (Workspace, check_pow2, launch_options, pdl_wait,
-                                     round_to, split_k_sum)
-from gpuinfer.kernels.gemv import GemvConfig, pass_outputs, workspace_for
-from gpuinfer.kernels.mma_dot import mma
-from gpuinfer.kernels.tile import normed, prefetch
+from gpuinfer.kernels.common import Workspace, check_pow2, launch_options
+from gpuinfer.kernels.gemv import (GemvConfig, gemv_kernel, gemv_silu_kernel,
+                                   pass_outputs, workspace_for)
 from gpuinfer.model.quant import Int8Matrix, unpack
 
 MAX_TOKENS = 16  # a pass's rows: the MMA's 16 (Triton pads fewer)
@@ -52,11 +52,7 @@ class MmaConfig(GemvConfig):
     summing block_k / chains of its columns (a tile's MMAs in one chain wait for each
     other: 64 in a row over 1024 columns)."""
 
-    block_n: int = 8
-    block_k: int = 1024
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 1
+    block_k: int = 1024  # the other fields GemvConfig's, in its order
     chains: int = 1
 
     def __post_init__(self):
@@ -73,6 +69,12 @@ class MmaConfig(GemvConfig):
         more chains than the fitted tile has 16 columns."""
         block_k = min(self.block_k, triton.next_power_of_2(max(k, 16)))
         return replace(self, block_k=block_k, chains=min(self.chains, block_k // 16))
+
+    def kernel_args(self, k: int, norm) -> dict:
+        """`GemvConfig.kernel_args`, and the pass's product's (`mma_dot.pass_dot`):
+        the tiles of x that RMSNorm's sums of squares take, and the chains."""
+        return dict(super().kernel_args(k, norm), N_NORM=triton.cdiv(k, self.block_k),
+                    CHAINS=self.chains)
 
 
 def pass_tokens(x: torch.Tensor, k: int) -> int:
@@ -91,61 +93,6 @@ def check_weights(w: torch.Tensor, x: torch.Tensor):
 
 
 @triton.jit
-def x_tile(x_ptr, K, cols, k_hi, tt, tok, g, rstd, NORM: tl.constexpr):
-    """The pass's x[tt, cols] (M, BK) in x's dtype, RMSNorm'ed per token if NORM (g the
-    tile's norm weights, rstd (M,) each token's), rounded as PyTorch rounds it."""
-    dt = x_ptr.dtype.element_ty
-    x = tl.load(x_ptr + tt * K + cols[None, :], mask=tok & (cols < k_hi)[None, :],
-                other=0.0)
-    if NORM:
-        x = normed(x.to(tl.float32), g[None, :], rstd[:, None], dt).to(dt)
-    return x
-
-
-@triton.jit
-def pass_dot(w, g, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, norm_ptr, eps,
-             NORM: tl.constexpr, K_NORM: tl.constexpr, BLOCK_K: tl.constexpr,
-             N_TILES: tl.constexpr, N_NORM: tl.constexpr, ROWS: tl.constexpr,
-             M: tl.constexpr, CHAINS: tl.constexpr):
-    """(M, BN) FP32: row t < ROWS the sums over k in [k_lo, k_hi) of xn[t, k] W[rows, k]
-    (xn: x or RMSNorm(x)), given the prefetched first tile (w, g); rows past ROWS zero.
-    RMSNorm needs each token's sum of squares over all of K first: one load of x when
-    the tile spans it, else a loop of N_NORM tiles (x is read twice, from L2)."""
-    tt = tl.arange(0, M)[:, None]
-    tok = tt < ROWS
-    cols = k_lo + tl.arange(0, BLOCK_K)
-    acc = tl.zeros((M, w.shape[0]), tl.float32)
-    rstd = tl.zeros((M,), tl.float32)
-    if NORM and N_TILES == 1 and BLOCK_K == K_NORM:  # one load of x serves both
-        dt = x_ptr.dtype.element_ty
-        x = tl.load(x_ptr + tt * K + cols[None, :], mask=tok & (cols < K)[None, :],
-                    other=0.0).to(tl.float32)
-        rstd = tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(x * x, axis=1) / K + eps))
-        acc = mma(normed(x, g[None, :], rstd[:, None], dt).to(dt), w, acc, CHAINS)
-    else:
-        if NORM:
-            ss = tl.zeros((M,), tl.float32)
-            for i in range(N_NORM):
-                c = i * BLOCK_K + tl.arange(0, BLOCK_K)
-                x = tl.load(x_ptr + tt * K + c[None, :], mask=tok & (c < K)[None, :],
-                            other=0.0).to(tl.float32)
-                ss += tl.sum(x * x, axis=1)
-            rstd = tl.math.div_rn(1.0, tl.sqrt_rn(ss / K + eps))
-        acc = mma(x_tile(x_ptr, K, cols, k_hi, tt, tok, g, rstd, NORM), w, acc,
-                  CHAINS)
-        w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
-        for i in range(1, N_TILES):
-            cols = k_lo + i * BLOCK_K + tl.arange(0, BLOCK_K)
-            w = tl.load(w_rows + cols[None, :],
-                        mask=row_mask[:, None] & (cols < k_hi)[None, :], other=0.0)
-            if NORM:
-                g = tl.load(norm_ptr + cols, mask=cols < k_hi, other=0.0).to(tl.float32)
-            acc = mma(x_tile(x_ptr, K, cols, k_hi, tt, tok, g, rstd, NORM), w, acc,
-                      CHAINS)
-    return acc
-
-
-@triton.jit
 def gemv_pass_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, res_ptr, norm_ptr, ws_ptr,
                      cnt_ptr, N, K, stride_w, k_per_split, eps,
                      NORM: tl.constexpr, SCALED: tl.constexpr, RESIDUAL: tl.constexpr,
@@ -153,35 +100,13 @@ def gemv_pass_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, res_ptr, norm_ptr, ws_ptr
                      N_TILES: tl.constexpr, N_NORM: tl.constexpr,
                      SPLIT_K: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr,
                      CHAINS: tl.constexpr):
-    """out = [res +] [RMSNorm](x) Wᵀ for the ROWS tokens of x (ROWS, K). out may be
-    res itself: each program reads and writes only its own columns of it."""
-    block = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
-    valid = rows < N
-    w, g, s = prefetch(w_ptr, stride_w, rows, valid, k_lo, k_hi, norm_ptr, scale_ptr,
-                       NORM, SCALED, BLOCK_K)
-    pdl_wait(PDL)
-    M: tl.constexpr = triton.next_power_of_2(ROWS)
-    tt = tl.arange(0, M)[:, None]
-    mask = (tt < ROWS) & valid[None, :]
-    res = 0.0
-    if RESIDUAL:  # now, in the shadow of the weights
-        res = tl.load(res_ptr + tt * N + rows[None, :], mask=mask).to(tl.float32)
-    y = pass_dot(w, g, w_ptr, stride_w, rows, valid, x_ptr, K, k_lo, k_hi, norm_ptr,
-                 eps, NORM, K_NORM, BLOCK_K, N_TILES, N_NORM, ROWS, M, CHAINS)
-    if SCALED:  # a row's scale, the same for every column: on the sums
-        y = y * s[None, :]
-    at = tt * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    y, last = split_k_sum(y, at, ws_ptr, cnt_ptr, block, pid_k, SPLIT_K, M * BLOCK_N)
-    if last:
-        dt = out_ptr.dtype.element_ty
-        y = round_to(y, dt)  # F.linear's output, in the activations' dtype
-        if RESIDUAL:
-            y = round_to(res + y, dt)
-        tl.store(out_ptr + tt * N + rows[None, :], y.to(dt), mask=mask)
+    """out = [res +] [RMSNorm](x) Wᵀ for the ROWS tokens of x (ROWS, K): the step's
+    program (`gemv.gemv_kernel`), its product on the tensor cores; a kernel of its own,
+    so that a trace tells a pass's products from a step's."""
+    gemv_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, res_ptr, norm_ptr, ws_ptr, cnt_ptr, N,
+                K, stride_w, k_per_split, eps, NORM, SCALED, RESIDUAL, K_NORM, BLOCK_N,
+                BLOCK_K, N_TILES, SPLIT_K, PDL, BITS=True, ROWS=ROWS, N_NORM=N_NORM,
+                CHAINS=CHAINS, MMA=True)
 
 
 @triton.jit
@@ -194,42 +119,31 @@ def gemv_silu_pass_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, norm_ptr, ws_ptr, cn
                           SPLIT_K: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr,
                           CHAINS: tl.constexpr):
     """out[t, j] = SiLU(gate_j) * up_j for W = [gate; up] (2N rows) and each token t:
-    tile row 2i is gate row j, 2i + 1 up row j, both in one MMA (N side 2 BLOCK_N)."""
-    block = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    r = tl.arange(0, 2 * BLOCK_N)
-    j = block * BLOCK_N + r // 2
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
-    rows = j + (r % 2) * N
-    w, g, s = prefetch(w_ptr, stride_w, rows, j < N, k_lo, k_hi, norm_ptr, scale_ptr,
-                       NORM, SCALED, BLOCK_K)
-    pdl_wait(PDL)
-    M: tl.constexpr = triton.next_power_of_2(ROWS)
-    tt = tl.arange(0, M)[:, None]
-    y = pass_dot(w, g, w_ptr, stride_w, rows, j < N, x_ptr, K, k_lo, k_hi, norm_ptr,
-                 eps, NORM, K_NORM, BLOCK_K, N_TILES, N_NORM, ROWS, M, CHAINS)
-    if SCALED:
-        y = y * s[None, :]
-    at = tt * (2 * BLOCK_N) + r[None, :]
-    y, last = split_k_sum(y, at, ws_ptr, cnt_ptr, block, pid_k, SPLIT_K,
-                          M * 2 * BLOCK_N)
-    if last:
-        dt = out_ptr.dtype.element_ty
-        gate, up = tl.split(tl.reshape(y, (M, BLOCK_N, 2)))
-        gate = round_to(gate, dt)
-        silu = round_to(gate / (1.0 + tl.exp(-gate)), dt)
-        out = round_to(silu * round_to(up, dt), dt)
-        jj = block * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tl.store(out_ptr + tt * N + jj, out.to(dt), mask=(tt < ROWS) & (jj < N))
+    the step's program (`gemv.gemv_silu_kernel`) on the tensor cores, tile row 2i gate
+    row j and 2i + 1 up row j in one MMA (N side 2 BLOCK_N)."""
+    gemv_silu_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, norm_ptr, ws_ptr, cnt_ptr, N, K,
+                     stride_w, k_per_split, eps, NORM, SCALED, K_NORM, BLOCK_N, BLOCK_K,
+                     N_TILES, SPLIT_K, PDL, ROWS, N_NORM=N_NORM, CHAINS=CHAINS,
+                     MMA=True)
 
 
-def tiles_args(config: MmaConfig, k: int, norm) -> dict:
-    """The tiling's compile-time arguments for K = k columns."""
-    return dict(NORM=norm is not None, K_NORM=triton.next_power_of_2(k),
-                BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                N_TILES=config.tiles(k), N_NORM=triton.cdiv(k, config.block_k),
-                CHAINS=config.chains)
+def _pass_plan(config: MmaConfig, w: torch.Tensor, x: torch.Tensor, n: int,
+               rows_per_out: int, out: torch.Tensor | None, workspace: Workspace | None,
+               residual: torch.Tensor | None = None,
+               ) -> tuple[int, MmaConfig, torch.Tensor, Workspace, tuple]:
+    """What a pass's launch of `n` outputs a token needs, read off w (., K) and x
+    (T, K), as `gemv._launch_plan` for a step: T (`pass_tokens`, the weights checked
+    against x), the tiling fitted to K, the output ((T, n), a fresh one if none is
+    given; out and residual checked, `pass_outputs`), the workspace and the grid."""
+    k = w.shape[1]
+    tokens = pass_tokens(x, k)
+    check_weights(w, x)
+    pass_outputs(x, k, n, x.dtype, out=out, residual=residual)
+    config = config.fit(k)
+    if out is None:
+        out = torch.empty((tokens, n), device=w.device, dtype=x.dtype)
+    ws = workspace_for(config, n, k, rows_per_out, workspace, w.device, tokens)
+    return tokens, config, out, ws, config.grid(n, k)
 
 
 def gemv_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
@@ -242,19 +156,13 @@ def gemv_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
     out itself), else refused before any launch."""
     w, scale = unpack(w)
     n, k = w.shape
-    tokens = pass_tokens(x, k)
-    check_weights(w, x)
-    pass_outputs(x, k, n, x.dtype, out=out, residual=residual)
-    config = config.fit(k)
-    if out is None:
-        out = torch.empty((tokens, n), device=w.device, dtype=x.dtype)
-    ws = workspace_for(config, n, k, 1, workspace, w.device, tokens)
-    grid = config.grid(n, k)
+    tokens, config, out, ws, grid = _pass_plan(config, w, x, n, 1, out, workspace,
+                                               residual)
     gemv_pass_kernel[grid](
         w, scale, x, out, residual, norm, ws.partials, ws.counters,
         n, k, w.stride(0), config.k_per_split(k), eps, SCALED=scale is not None,
         RESIDUAL=residual is not None, SPLIT_K=grid[1], PDL=pdl, ROWS=tokens,
-        **tiles_args(config, k, norm),
+        **config.kernel_args(k, norm),
         **launch_options(config.num_warps, config.num_stages, pdl))
     return out
 
@@ -269,18 +177,11 @@ def gemv_silu_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
     w, scale = unpack(w)
     n2, k = w.shape
     n = n2 // 2
-    tokens = pass_tokens(x, k)
-    check_weights(w, x)
-    pass_outputs(x, k, n, x.dtype, out=out)
-    config = config.fit(k)
-    if out is None:
-        out = torch.empty((tokens, n), device=w.device, dtype=x.dtype)
-    ws = workspace_for(config, n, k, 2, workspace, w.device, tokens)
-    grid = config.grid(n, k)
+    tokens, config, out, ws, grid = _pass_plan(config, w, x, n, 2, out, workspace)
     gemv_silu_pass_kernel[grid](
         w, scale, x, out, norm, ws.partials, ws.counters,
         n, k, w.stride(0), config.k_per_split(k), eps, SCALED=scale is not None,
-        SPLIT_K=grid[1], PDL=pdl, ROWS=tokens, **tiles_args(config, k, norm),
+        SPLIT_K=grid[1], PDL=pdl, ROWS=tokens, **config.kernel_args(k, norm),
         **launch_options(config.num_warps, config.num_stages, pdl))
     return out
 

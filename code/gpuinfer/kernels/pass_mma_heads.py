@@ -1,13 +1,14 @@
 """The two ends of a verify pass on the tensor cores: the q/k/v projection with the
 rotary embedding and the cache write (`qkv_rope`'s epilogue), and the lm_head with
-each token's argmax (`lm_head_argmax`'s), their products as `pass_mma`'s: the T
-tokens by each weight tile in one `tl.dot`.
+each token's argmax (`lm_head_argmax`'s): each kernel runs the step's program
+(`qkv_rope.qkv_rope_kernel`, `embed_head.lm_head_argmax_kernel`) with its product as
+`pass_mma`'s, the T tokens by each weight tile in one `tl.dot` (`mma_dot.product`).
 
 q/k/v: tile row 2i is dimension d of a head, row 2i + 1 dimension d + head_dim / 2
-(the rotary pairs, as `qkv_rope_kernel` pairs them), both in one MMA; the epilogue
-rotates token t at slot pos - T + 1 + t and writes its key and value there. The
-lm_head: each program writes its block of every token's logits and each token's
-block maximum; the acceptance of the proposals is `embed_head.pick_tokens`, run by
+(the rotary pairs, `qkv_rope.rotary_rows`, as the step pairs them), both in one MMA;
+the step's epilogue (`qkv_rope.rotary_store`) rotates token t at slot pos - T + 1 + t
+and writes its key and value there. The lm_head: each program writes its block of
+every token's logits and each token's block maximum; the acceptance of the proposals is `embed_head.pick_tokens`, run by
 the last program (`inline`) or by `argmax_reduce_kernel` after, or, given a
 `PassArgmaxWorkspace`, by `accept_kernel`: one program a token picks that token's
 choice, side by side, and the last of them accepts (`pick_tokens` picks the tokens'
@@ -23,14 +24,12 @@ import torch
 import triton
 import triton.language as tl
 
-from gpuinfer.kernels.common import arrive, launch_options, pdl_wait, round_to
-from gpuinfer.kernels.common import Workspace, split_k_sum
-from gpuinfer.kernels.embed_head import ArgmaxWorkspace, argmax_reduce_kernel, \
-    choose, pick_tokens
-from gpuinfer.kernels.gemv import pass_outputs, workspace_for
-from gpuinfer.kernels.pass_mma import (MmaConfig, check_weights, pass_dot, pass_tokens,
-                                       tiles_args)
-from gpuinfer.kernels.tile import prefetch
+from gpuinfer.kernels.common import Workspace, arrive, launch_options, pdl_wait
+from gpuinfer.kernels.embed_head import ArgmaxWorkspace, accept_choices, \
+    argmax_reduce_kernel, choose, launch_lm_head, lm_head_argmax_kernel
+from gpuinfer.kernels.gemv import pass_outputs
+from gpuinfer.kernels.pass_mma import MmaConfig, check_weights, pass_tokens
+from gpuinfer.kernels.qkv_rope import check_qkv, launch_qkv, qkv_rope_kernel
 from gpuinfer.model.quant import Int8Matrix, unpack
 
 
@@ -45,67 +44,14 @@ def qkv_rope_pass_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, q_ptr, k_cache_ptr,
                          N_TILES: tl.constexpr, N_NORM: tl.constexpr,
                          SPLIT_K: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr,
                          CHAINS: tl.constexpr):
-    HALF: tl.constexpr = HEAD_DIM // 2
-    N_PAIRS: tl.constexpr = (N_HEADS + 2 * N_KV) * HALF
-    block = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    r = tl.arange(0, 2 * BLOCK_N)
-    p = block * BLOCK_N + r // 2  # pair index: head p // HALF, dimension p % HALF
-    rows = (p // HALF) * HEAD_DIM + p % HALF + (r % 2) * HALF
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
-    w, g, s = prefetch(w_ptr, stride_w, rows, p < N_PAIRS, k_lo, k_hi, norm_ptr,
-                       scale_ptr, NORM, SCALED, BLOCK_K)
-    pdl_wait(PDL)
-    M: tl.constexpr = triton.next_power_of_2(ROWS)
-    rr = tl.arange(0, M)
-    pp = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    valid = pp < N_PAIRS
-    head = tl.where(valid, pp // HALF, 0)
-    d = pp % HALF
-    pos = tl.load(pos_ptr) - (ROWS - 1) + rr
-    # a slot of the cache? (cache_head_stride = capacity * HEAD_DIM)
-    in_cache = (pos >= 0) & (pos * HEAD_DIM < cache_head_stride) & (rr < ROWS)
-    pos = tl.where(in_cache, pos, 0)  # the tables' row and the slot stay in bounds
-    table = pos[:, None] * HEAD_DIM + d[None, :]
-    cos_lo = tl.load(cos_ptr + table).to(tl.float32)
-    cos_hi = tl.load(cos_ptr + table + HALF).to(tl.float32)
-    sin_lo = tl.load(sin_ptr + table).to(tl.float32)
-    sin_hi = tl.load(sin_ptr + table + HALF).to(tl.float32)
-    y = pass_dot(w, g, w_ptr, stride_w, rows, p < N_PAIRS, x_ptr, K, k_lo, k_hi,
-                 norm_ptr, eps, NORM, K_NORM, BLOCK_K, N_TILES, N_NORM, ROWS, M,
-                 CHAINS)
-    if SCALED:
-        y = y * s[None, :]
-    at = rr[:, None] * (2 * BLOCK_N) + r[None, :]
-    y, last = split_k_sum(y, at, ws_ptr, cnt_ptr, block, pid_k, SPLIT_K,
-                          M * 2 * BLOCK_N)
-    if last:
-        dt = q_ptr.dtype.element_ty
-        lo, hi = tl.split(tl.reshape(y, (M, BLOCK_N, 2)))  # dimensions d and d + HALF
-        lo = round_to(lo, dt)
-        hi = round_to(hi, dt)
-        rot_lo = round_to(round_to(lo * cos_lo, dt) + round_to(-hi * sin_lo, dt), dt)
-        rot_hi = round_to(round_to(hi * cos_hi, dt) + round_to(lo * sin_hi, dt), dt)
-        rotary = (head < N_HEADS + N_KV)[None, :]  # queries and keys, not values
-        lo = tl.where(rotary, rot_lo, lo).to(dt)
-        hi = tl.where(rotary, rot_hi, hi).to(dt)
-        is_q = (valid & (head < N_HEADS))[None, :] & (rr < ROWS)[:, None]
-        q_at = q_ptr + rr[:, None] * (N_HEADS * HEAD_DIM) \
-            + (head * HEAD_DIM + d)[None, :]
-        tl.store(q_at, lo, mask=is_q)
-        tl.store(q_at + HALF, hi, mask=is_q)
-        is_k = (valid & (head >= N_HEADS) & (head < N_HEADS + N_KV))[None, :] \
-            & in_cache[:, None]
-        is_v = (valid & (head >= N_HEADS + N_KV))[None, :] & in_cache[:, None]
-        kv_head = tl.where(head >= N_HEADS + N_KV, head - N_HEADS - N_KV,
-                           tl.where(head >= N_HEADS, head - N_HEADS, 0))
-        slot = (kv_head.to(tl.int64) * cache_head_stride + d)[None, :] \
-            + pos[:, None] * HEAD_DIM
-        tl.store(k_cache_ptr + slot, lo, mask=is_k)
-        tl.store(k_cache_ptr + slot + HALF, hi, mask=is_k)
-        tl.store(v_cache_ptr + slot, lo, mask=is_v)
-        tl.store(v_cache_ptr + slot + HALF, hi, mask=is_v)
+    """The step's program (`qkv_rope.qkv_rope_kernel`), its product on the tensor
+    cores; a kernel of its own, so that a trace tells a pass's products from a
+    step's."""
+    qkv_rope_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+                    cos_ptr, sin_ptr, pos_ptr, ws_ptr, cnt_ptr, K, stride_w,
+                    k_per_split, eps, cache_head_stride, N_HEADS, N_KV, HEAD_DIM,
+                    NORM, SCALED, K_NORM, BLOCK_N, BLOCK_K, N_TILES, SPLIT_K, PDL, ROWS,
+                    N_NORM=N_NORM, CHAINS=CHAINS, MMA=True)
 
 
 @triton.jit
@@ -117,30 +63,13 @@ def lm_head_pass_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, logits_ptr, best_ptr,
                         N_NORM: tl.constexpr, BLOCK_R: tl.constexpr,
                         N_CHUNKS: tl.constexpr, INLINE: tl.constexpr, PDL: tl.constexpr,
                         ROWS: tl.constexpr, ACCEPT: tl.constexpr, CHAINS: tl.constexpr):
-    block = tl.program_id(0)
-    blocks = tl.num_programs(0)
-    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    w, g, s = prefetch(w_ptr, stride_w, rows, rows < N, 0, K, norm_ptr, scale_ptr, NORM,
-                       SCALED, BLOCK_K)
-    pdl_wait(PDL)
-    M: tl.constexpr = triton.next_power_of_2(ROWS)
-    rr = tl.arange(0, M)
-    y = pass_dot(w, g, w_ptr, stride_w, rows, rows < N, x_ptr, K, 0, K, norm_ptr, eps,
-                 NORM, K_NORM, BLOCK_K, N_TILES, N_NORM, ROWS, M, CHAINS)
-    if SCALED:
-        y = y * s[None, :]
-    dt = logits_ptr.dtype.element_ty
-    y = round_to(y, dt)
-    mask = (rr < ROWS)[:, None] & (rows < N)[None, :]
-    tl.store(logits_ptr + rr[:, None] * N + rows[None, :], y.to(dt), mask=mask)
-    y = tl.where(mask, y, float("-inf"))
-    at = tl.argmax(y, axis=1, tie_break_left=True)
-    tl.store(best_ptr + rr * blocks + block, tl.max(y, axis=1), mask=rr < ROWS)
-    tl.store(best_idx_ptr + rr * blocks + block, block * BLOCK_N + at, mask=rr < ROWS)
-    if INLINE:
-        if arrive(cnt_ptr, blocks):
-            pick_tokens(best_ptr, best_idx_ptr, blocks, tokens_ptr, pos_ptr, capacity,
-                        BLOCK_R, N_CHUNKS, ROWS, ACCEPT)
+    """The step's program (`embed_head.lm_head_argmax_kernel`), its product on the
+    tensor cores."""
+    lm_head_argmax_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, logits_ptr, best_ptr,
+                          best_idx_ptr, cnt_ptr, tokens_ptr, pos_ptr, N, K, stride_w,
+                          eps, capacity, NORM, SCALED, K_NORM, BLOCK_N, BLOCK_K,
+                          N_TILES, BLOCK_R, N_CHUNKS, INLINE, PDL, ROWS, ACCEPT,
+                          N_NORM=N_NORM, CHAINS=CHAINS, MMA=True)
 
 
 class PassArgmaxWorkspace(ArgmaxWorkspace):
@@ -158,7 +87,8 @@ def accept_kernel(best_ptr, best_idx_ptr, choices_ptr, cnt_ptr, n_blocks, tokens
                   PDL: tl.constexpr, ROWS: tl.constexpr):
     """`pick_tokens` with ACCEPT, a program a token: program t writes token t's choice;
     the last to finish accepts the proposals up to the first that is not the choice
-    after the token before it, writes the choices up to there and moves pos."""
+    after the token before it, writes the choices up to there and moves pos (the
+    acceptance `pick_tokens` runs too: `embed_head.accept_choices`)."""
     pdl_wait(PDL)
     t = tl.program_id(0)
     mine = choose(best_ptr + t * n_blocks, best_idx_ptr + t * n_blocks, n_blocks,
@@ -166,16 +96,9 @@ def accept_kernel(best_ptr, best_idx_ptr, choices_ptr, cnt_ptr, n_blocks, tokens
     tl.store(choices_ptr + t, mine)
     if arrive(cnt_ptr, ROWS):
         r = tl.arange(0, triton.next_power_of_2(ROWS))
-        first = tl.load(pos_ptr) - (ROWS - 1)
-        slot = first + 1 + r  # the slot after token r: proposal r, then choice r
-        ours = (r < ROWS) & (slot >= 0) & (slot < capacity)
-        # every proposal read before any choice is written over it
-        choice = tl.load(choices_ptr + r, mask=r < ROWS, other=-1, cache_modifier=".cg")
-        proposal = tl.load(tokens_ptr + slot, mask=ours & (r < ROWS - 1), other=-1)
-        # m: the first proposal refused (the last token has none): choices 0 ... m go in
-        m = tl.min(tl.where((proposal == choice) & (r < ROWS - 1), ROWS - 1, r), axis=0)
-        tl.store(tokens_ptr + slot, choice, mask=ours & (r <= m))
-        tl.store(pos_ptr, first + m + 1)
+        choices = tl.load(choices_ptr + r, mask=r < ROWS, other=-1,
+                          cache_modifier=".cg")
+        accept_choices(choices, r, tokens_ptr, pos_ptr, capacity, ROWS)
 
 
 def qkv_rope_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor, q: torch.Tensor,
@@ -189,28 +112,14 @@ def qkv_rope_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor, q: torch.Tensor
     of k_cache, v_cache (kv_heads, capacity, d) (none where a slot is outside the
     cache); cos, sin (capacity, d); pos a one-element tensor."""
     w, scale = unpack(w)
-    n_kv, capacity, head_dim = k_cache.shape
-    if (rows := min(cos.shape[0], sin.shape[0])) < capacity:
-        raise ValueError(f"rotary tables of {rows} rows for a "
-                         f"cache of {capacity} slots: make them (capacity, head_dim)")
-    n_rows, k = w.shape
-    if n_rows != (n_heads + 2 * n_kv) * head_dim:
-        raise ValueError(f"{tuple(w.shape)} is not q, k, v of {n_heads}/{n_kv} heads")
-    if not all(t.is_contiguous() for t in (k_cache, v_cache, cos, sin)):
-        raise ValueError("the cache and the rotary tables must be contiguous")
+    head_dim = check_qkv(w, k_cache, v_cache, cos, sin, n_heads)
+    k = w.shape[1]
     tokens = pass_tokens(x, k)
     check_weights(w, x)
     pass_outputs(x, k, n_heads * head_dim, x.dtype, q=q)
-    config = config.fit(k)
-    n_pairs = n_rows // 2
-    ws = workspace_for(config, n_pairs, k, 2, workspace, w.device, tokens)
-    grid = config.grid(n_pairs, k)
-    qkv_rope_pass_kernel[grid](
-        w, scale, x, norm, q, k_cache, v_cache, cos, sin, pos, ws.partials, ws.counters,
-        k, w.stride(0), config.k_per_split(k), eps, capacity * head_dim,
-        N_HEADS=n_heads, N_KV=n_kv, HEAD_DIM=head_dim, SCALED=scale is not None,
-        SPLIT_K=grid[1], PDL=pdl, ROWS=tokens, **tiles_args(config, k, norm),
-        **launch_options(config.num_warps, config.num_stages, pdl))
+    launch_qkv(qkv_rope_pass_kernel, config.fit(k), w, scale, x, norm, q, k_cache,
+               v_cache, (cos, sin, pos), n_heads=n_heads, tokens=tokens, eps=eps,
+               pdl=pdl, workspace=workspace)
 
 
 def lm_head_argmax_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
@@ -233,17 +142,9 @@ def lm_head_argmax_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
     check_weights(w, x)
     pass_outputs(x, k, n, x.dtype, logits=logits)
     config = config.fit(k)
-    blocks = triton.cdiv(n, config.block_n)
-    ws = workspace or ArgmaxWorkspace(w.device, blocks, rows=rows)
-    if ws.best.numel() < rows * blocks:
-        raise ValueError(f"argmax workspace holds {ws.best.numel()} block maxima, "
-                         f"need {rows} x {blocks}")
-    lm_head_pass_kernel[(blocks,)](
-        w, scale, x, norm, logits, ws.best, ws.best_idx, ws.counter, tokens, pos,
-        n, k, w.stride(0), eps, tokens.numel(), SCALED=scale is not None,
-        BLOCK_R=ws.block_r, N_CHUNKS=triton.cdiv(blocks, ws.block_r), INLINE=inline,
-        PDL=pdl, ROWS=rows, ACCEPT=accept, **tiles_args(config, k, norm),
-        **launch_options(config.num_warps, config.num_stages, pdl))
+    blocks, ws = launch_lm_head(lm_head_pass_kernel, config, w, scale, x, norm, logits,
+                                tokens, pos, rows, eps=eps, inline=inline,
+                                accept=accept, pdl=pdl, workspace=workspace)
     if inline:
         return
     block_r = min(16384, triton.next_power_of_2(blocks))

@@ -1,7 +1,8 @@
 """What a program of a matrix product does with its tile of weights, in every kernel of the
-step that multiplies (`gemv`, `qkv_rope`, `lm_head_argmax`): load it before the PDL wait
-(`prefetch`), widen int8 weights (`widen`), and reduce it against x, or against RMSNorm(x)
-(`rows_dot`; for each token of a pass, `rows_dots`).
+step that multiplies (`gemv`, `qkv_rope`, `lm_head_argmax`): find its split of the
+columns (`split_columns`), load the tile before the PDL wait (`prefetch`), widen int8
+weights (`widen`), and reduce it against x, or against RMSNorm(x) (`rows_dot`; for each
+token of a pass, `rows_dots`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ def widen(w, BITS: tl.constexpr):
                 }""", "=r,=r,=r,=r,r", [w], dtype=tl.float32, is_pure=True, pack=4)
         return f - 8388736.0  # 2^23 + 128
     return w.to(tl.float32)
+
+
+@triton.jit
+def split_columns(pid_k, K, k_per_split):
+    """The columns [k_lo, k_hi) of K that split pid_k of a split-K product reduces
+    (program_id(1) of its grid), the last split's shorter."""
+    k_lo = pid_k * k_per_split
+    return k_lo, tl.minimum(k_lo + k_per_split, K)
 
 
 @triton.jit
