@@ -163,9 +163,7 @@ NOT_YET_IN_A_CHAPTER = {
     "pass_mma": {"gemv_pass_kernel", "gemv_silu_pass_kernel"},
     "pass_mma_heads": {"qkv_rope_pass_kernel", "lm_head_pass_kernel", "accept_kernel"},
     "eight_bit_gemv": {"gemv8_kernel", "gemv8_silu_kernel"},
-    "attention_block": {"qkv_rope_attention_kernel"},
     "pass_attention": {"pass_attention_kernel"},
-    "prefetch_gemv": {"prefetch_gemv_kernel"},
 }
 # ... and the decoders that would bring them into a chapter
 NOT_YET_IN_A_CHAPTER_DECODERS = ("triton_pass", "triton_step8")
