@@ -41,6 +41,13 @@ variants = {
     "bf16": v(),
     "bf16 attention split": dict(v(), attention=SPLIT),
     "bf16 gate_up 4x1024": v(gate_up=C(4, 1024, 1, 4)),
+    # On the H200 the chain's tiling (`tiling.alone_configs`) ran the 64 products 5.9 %
+    # faster than the step's (prefetch_chain, 2026-12-06): does any of it carry into
+    # the step, where 4 warps won on the H100 (NOTES-triton)?
+    "bf16 chain tiling": v(qkv=C(4, 2048, 1, 8), o=C(8, 2048, 1, 8),
+                           gate_up=C(2, 2048, 1, 4), down=C(8, 2048, 1, 8)),
+    "bf16 o, down 8 warps": v(o=C(8, 2048, 1, 8), down=C(8, 2048, 1, 8)),
+    "bf16 qkv 4x2048 w8": v(qkv=C(4, 2048, 1, 8)),
     "int8": v("int8"),
     "int8 attention split": dict(v("int8"), attention=SPLIT),
 }
