@@ -8,12 +8,13 @@ q/k/v: tile row 2i is dimension d of a head, row 2i + 1 dimension d + head_dim /
 (the rotary pairs, `qkv_rope.rotary_rows`, as the step pairs them), both in one MMA;
 the step's epilogue (`qkv_rope.rotary_store`) rotates token t at slot pos - T + 1 + t
 and writes its key and value there. The lm_head: each program writes its block of
-every token's logits and each token's block maximum; the acceptance of the proposals is `embed_head.pick_tokens`, run by
-the last program (`inline`) or by `argmax_reduce_kernel` after, or, given a
-`PassArgmaxWorkspace`, by `accept_kernel`: one program a token picks that token's
-choice, side by side, and the last of them accepts (`pick_tokens` picks the tokens'
-choices one after another in one program: 2.3 µs at 2 tokens, 5.0 at 5 at Chapter 6's
-target, 7 and 25 at the 1B shape, on an H100).
+every token's logits and each token's block maximum; the acceptance of the proposals
+is `embed_head.pick_tokens`, run by the last program (`inline`) or by
+`argmax_reduce_kernel` after, or, given a `PassArgmaxWorkspace`, by `accept_kernel`:
+one program a token picks that token's choice, side by side, and the last of them
+accepts (`pick_tokens` picks the tokens' choices one after another in one program:
+2.3 µs at 2 tokens, 5.0 at 5 at Chapter 6's target, 7 and 25 at the 1B shape, on an
+H100).
 
 Sums in the MMA's order: within tolerance of the references, not to the bit.
 """
