@@ -142,7 +142,7 @@ def qkv_rope_reference(w, x, cos, sin, pos: int, *, n_heads: int, n_kv: int,
     return qk[:n_heads].reshape(-1), qk[n_heads:], qkv[n_heads + n_kv :]
 
 
-# --- the pieces the verify pass's q/k/v kernel shares with the step's ----------
+# --- qkv_rope_kernel's pieces (a step's program and a pass's): rows, slots, epilogue
 
 
 @triton.jit
