@@ -325,21 +325,26 @@ def test_position_reads_on_a_cpu_come_back_oldest_first():
     pos = torch.tensor([5])
     reads = sp.PositionReads(pos)
     assert reads.in_flight == 0 and not reads.cuda
-    reads.queue()
+    reads.publish()  # inside the pass
+    reads.queue()  # after it
     pos.fill_(9)  # the next pass moved it
+    reads.publish()
     reads.queue()
     assert reads.in_flight == 2
     assert reads.oldest() == 5 and reads.in_flight == 1
     pos.fill_(12)
+    reads.publish()
     reads.queue()  # the slot read back is free again
     assert [reads.oldest(), reads.oldest()] == [9, 12] and reads.in_flight == 0
 
 
 def test_position_reads_refuse_more_in_flight_than_they_hold():
     reads = sp.PositionReads(torch.tensor([5]), most=2)
-    reads.queue()
-    reads.queue()
-    with pytest.raises(ValueError, match="in flight"):
+    for _ in range(2):
+        reads.publish()
+        reads.queue()
+    with pytest.raises(ValueError, match="2 positions in flight: PositionReads holds at "
+                                         "most 2; read the oldest first"):
         reads.queue()
     assert reads.in_flight == 2 and reads.oldest() == 5
 
@@ -348,3 +353,21 @@ def test_position_reads_refuse_to_read_with_none_in_flight():
     reads = sp.PositionReads(torch.tensor([5]))
     with pytest.raises(ValueError, match="in flight"):
         reads.oldest()
+
+
+def test_passes_that_publish_unread_leave_the_next_generations_reads_right(models, prompt):
+    """A pass stores its position into the reads' next slot whoever reads it: passes
+    from `decode_step` move the counter, and the next generation starts again at slot 0."""
+    _, spec = pair(*models, k=3)
+    reference = runners.generate(StaticDecoder(models[0], 1, 64), prompt, NEW)
+    assert torch.equal(spec.generate(prompt, NEW), reference)
+    first = spec.passes
+    steps = 1 if (first + 1) % sp.IN_FLIGHT else 2  # to leave the counter off slot 0
+    with torch.no_grad():
+        spec.prefill(prompt)
+        for _ in range(steps):
+            spec.decode_step()
+    assert int(spec.reads.next_slot) == (first + steps) % sp.IN_FLIGHT != 0
+    assert torch.equal(spec.generate(prompt, NEW), reference)
+    assert spec.reads.queued == spec.passes and spec.reads.in_flight == 0
+    assert int(spec.reads.ring[(spec.passes - 1) % sp.IN_FLIGHT]) == spec.host_pos

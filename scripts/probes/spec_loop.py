@@ -33,25 +33,43 @@ h. "graphs + kernel": as b with the position stored into pinned host memory by a
    one-program Triton kernel after each pass (no copy engine), and an event;
 i. "generate, 2 in flight" (the old loop), "3 in flight", "4, read every 2nd".
 
+2026-12-06 (spec_loop-2026-12-06d-H200.txt), µs a pass: graphs 508.6, graphs + copies
+518.6, graphs + events 508.7, graphs + kernel 512.8: the copy node costs ~10 µs a pass,
+an event nothing, a kernel's store into pinned memory ~4. So the position is now stored by
+the pass itself, its last kernel captured into its graph (`PositionReads.publish`,
+`kernels.position_ring`), and `PositionReads.queue` records an event only. The variants
+since:
+
+a. "parts", as above;
+b. "graphs, bare": a graph of the pass without the position's store, back to back;
+c. "graphs + copies": b, each replay followed by the old copy and event (`copy_behind`);
+d. "graphs": the pass's graph (`Speculative.one_pass`, the store its last kernel);
+e. "graphs + events": d with an event after each replay, as `generate` records;
+f. "generate": `Speculative.generate`, `IN_FLIGHT` passes in flight;
+g. "generate, 2 in flight": f's loop (`loop`) with two.
+
+d - b is the store's cost, e - d the events', f - e the reads' and the serial end's. Each
+generation subtracts its own one-token run (`_start`'s checks and the prefill):
+the loop variants up to 2026-12-06 called the prefill alone yet had generate's one-token
+run subtracted, which made them look ~15 µs a pass faster than `generate`.
+
     PYTHONPATH=code timeout 300 python scripts/probes/spec_loop.py [--rounds 7] [--smoke]
 
-About 1.5 minutes on an H100 (estimate: compiles and captures, then 7 rounds of 6
-variants of ~30 ms).
+About 1.5 minutes on an H100 (estimate: compiles and captures, then 7 rounds of 11
+calls of ~30 ms).
 """
 
 import argparse
 import sys
 
 import torch
-import triton
-import triton.language as tl
 
 if "--smoke" in sys.argv:  # before any kernel module is imported
     from gpuinfer.kernels.interpret import use_interpreter
     use_interpreter()
 import spec_mma as sm  # noqa: E402  TARGET, DRAFT, config, prompt, say
-from gpuinfer.decode.speculative import (PositionReads, Speculative,  # noqa: E402
-                                         repeatable)
+from gpuinfer.decode.interface import graphed_step  # noqa: E402
+from gpuinfer.decode.speculative import Speculative, repeatable  # noqa: E402
 from gpuinfer.decode.triton_pass import MmaPassDecoder  # noqa: E402
 from gpuinfer.decode.triton_step import TritonDecoder  # noqa: E402
 from gpuinfer.kernels.common import compile_ahead  # noqa: E402
@@ -63,30 +81,30 @@ CAPACITY = 512  # the prompt and 64 passes of up to k + 1 slots each, with room 
 say = sm.say
 
 
-@triton.jit
-def publish_kernel(pos_ptr, host_ptr):
-    tl.store(host_ptr, tl.load(pos_ptr))
+def copy_behind(pos, slot, event):
+    """The position's way to the host up to 2026-12-06 (`PositionReads.queue` then): a
+    copy behind the pass into a pinned slot, and an event (None on a CPU)."""
+    slot.copy_(pos, non_blocking=True)
+    if event is not None:
+        event.record()
 
 
-def loop(spec, run, prompt_ids, new_tokens, most, every):
-    """`Speculative.generate`'s loop with `most` positions in flight, a copy after every
-    `every`-th pass only (the passes between are queued without one)."""
-    start = prompt_ids.shape[1]
-    spec.prefill(prompt_ids)
+def loop(spec, prompt_ids, new_tokens, most):
+    """`Speculative.generate` with at most `most` passes in flight, not `IN_FLIGHT`: its
+    checks, capture and prefill (`_start`) and its copy of the tokens too, so that only
+    the loop differs. Returns the number of passes."""
+    run, k, start = spec._start(prompt_ids, new_tokens, K)
+    reads = spec.reads
+    reads.reset()
     last, known, passes = start + new_tokens - 1, start, 0
-    reads = PositionReads(spec.pos, most=most)
     while known < last:
-        while reads.in_flight < most and \
-                known + (reads.in_flight * every + every - 1) * (K + 1) < last:
-            for _ in range(every):
-                run()
-                passes += 1
-            reads.queue()
-        if reads.in_flight == 0:  # near the end: one pass at a time, each read
+        while reads.in_flight < most and known + reads.in_flight * (k + 1) < last:
             run()
-            passes += 1
             reads.queue()
+            passes += 1
         known = reads.oldest()
+    spec.passes, spec.host_pos = passes, known
+    spec._tokens(start, new_tokens)
     return passes
 
 
@@ -109,10 +127,21 @@ def main():
     draft = TritonDecoder(dm, capacity=CAPACITY, max_query=2)
     spec = Speculative(target, draft, k=K)
     p = sm.prompt(PROMPT, sm.VOCAB)
+    cuda = spec.pos.is_cuda
     with torch.no_grad():
         spec.generate(p, PASSES)  # compiles and captures the pass of k
         run = spec.one_pass(K)
         say(f"a random pair: {spec.passes} passes for {PASSES} tokens")
+        # the pass without the position's store: its own graph
+        steps, check = spec.draft_fn(K), spec.verifier.fn(K + 1)
+
+        def bare_pass():
+            steps()
+            check()
+
+        bare = bare_pass
+        if cuda:
+            bare = graphed_step(spec, bare_pass, warmup=2, span=K + 1, first_slot=1)
         # the parts, as Chapter 6 times them: each from a reset position
         compile_ahead(draft.refresh_step)
         compile_ahead(draft.device_step)
@@ -123,54 +152,40 @@ def main():
             "draft step": repeatable(spec.pos, PROMPT + 1, draft.device_step),
             "verify": repeatable(spec.pos, start, lambda: target.verify_step(K + 1)),
         }
-    cuda = spec.pos.is_cuda
+    # made once, reused by every call: only the copies and the events are timed
+    events = [torch.cuda.Event() if cuda else None for _ in range(PASSES)]
+    host = torch.empty(PASSES, dtype=spec.pos.dtype, pin_memory=cuda)
 
-    def graphs(after=None):
-        """The pass's graph PASSES times from the prompt's end, each replay followed by
-        `after`: nothing, "copy" (the position's copy and an event, as `generate`),
-        "events" (an event only) or "kernel" (a kernel storing the position into pinned
-        memory, and an event)."""
-        reads = PositionReads(spec.pos, most=PASSES)  # its events made once, reused
-        host = torch.empty(PASSES, dtype=spec.pos.dtype, pin_memory=cuda)
-
+    def graphs(replay, after=None):
+        """`replay` PASSES times from the prompt's end, each followed by `after`:
+        nothing, "copy" (`copy_behind`) or "event" (an event only, as `generate`)."""
         def fn():
             spec.pos.fill_(PROMPT)
-            reads.slots.clear()  # never read: only the copies and events are timed
             for i in range(PASSES):
-                run()
+                replay()
                 if after == "copy":
-                    reads.queue()
-                    continue
-                if after == "kernel":  # no copy engine
-                    publish_kernel[(1,)](spec.pos, host[i:])
-                if after and cuda:
-                    reads.events[i].record()
+                    copy_behind(spec.pos, host[i: i + 1], events[i])
+                elif after == "event" and cuda:
+                    events[i].record()
         return fn
 
-    def gen(most=None, every=1, tokens=PASSES):
+    def gen(most=None, tokens=PASSES):
         def fn():
             if most is None:
-                return spec.generate(p, tokens)
-            return loop(spec, run, p, tokens, most, every)
+                spec.generate(p, tokens)
+                return spec.passes
+            return loop(spec, p, tokens, most)
         return fn
 
+    gens = {"generate": None, "generate, 2 in flight": 2}
     fns = {name: (lambda f=f: [f() for _ in range(PASSES)]) for name, f in parts.items()}
-    fns |= {"graphs": graphs(), "graphs + copies": graphs("copy"),
-            "graphs + events": graphs("events"), "graphs + kernel": graphs("kernel"),
-            "generate": gen(), "generate, 2 in flight": gen(2),
-            "generate, 3 in flight": gen(3), "generate, 4, read every 2nd": gen(4, 2),
-            "generate, 2, read every 2nd": gen(2, 2), "prefill": gen(tokens=1)}
-    looped = [n for n in fns if n.startswith("generate,")]
+    fns |= {"graphs, bare": graphs(bare), "graphs + copies": graphs(bare, "copy"),
+            "graphs": graphs(run), "graphs + events": graphs(run, "event")}
+    fns |= {name: gen(most) for name, most in gens.items()}
+    fns |= {f"{name} (1 token)": gen(most, tokens=1) for name, most in gens.items()}
     passes = {n: PASSES for n in fns if n.startswith("graphs")}
     with torch.no_grad():
-        try:  # a pinned host pointer handed to a Triton kernel
-            fns["graphs + kernel"]()
-        except Exception as e:  # noqa: BLE001  the probe says so and goes on
-            say(f"graphs + kernel refused: {type(e).__name__}: {e}")
-            del fns["graphs + kernel"], passes["graphs + kernel"]
-        fns["generate"]()
-        passes["generate"] = spec.passes
-        for name in looped:
+        for name in gens:
             passes[name] = fns[name]()
             say(f"{name}: {passes[name]} passes for {PASSES} tokens")
             assert 1 <= passes[name] <= PASSES, passes[name]
@@ -181,12 +196,17 @@ def main():
     say(f"parts: refresh {med['draft refresh'] / PASSES:.1f}, draft step "
         f"{med['draft step'] / PASSES:.1f}, verify {med['verify'] / PASSES:.1f} µs; "
         f"a pass by its parts {part:.1f} µs")
-    for name in [n for n in fns if n.startswith(("graphs", "generate"))]:
-        total = med[name] - (med["prefill"] if name.startswith("generate") else 0)
+    each = {}
+    for name in passes:
+        one = med[f"{name} (1 token)"] if name in gens else 0  # its own one-token run
         lo, hi = span[name]
-        each = total / passes[name]
-        say(f"{name:26s} {each:7.1f} µs a pass ({passes[name]} passes; calls "
-            f"{lo:.0f}-{hi:.0f} µs), {each - part:+6.1f} over the parts")
+        each[name] = (med[name] - one) / passes[name]
+        say(f"{name:26s} {each[name]:7.1f} µs a pass ({passes[name]} passes; calls "
+            f"{lo:.0f}-{hi:.0f} µs), {each[name] - part:+6.1f} over the parts")
+    say(f"the store in the graph {each['graphs'] - each['graphs, bare']:+.1f}, the old "
+        f"copy and event {each['graphs + copies'] - each['graphs, bare']:+.1f}, the "
+        f"events {each['graphs + events'] - each['graphs']:+.1f}, the reads and the "
+        f"serial end {each['generate'] - each['graphs + events']:+.1f} µs a pass")
     if not cuda:
         say("(CPU: host clock, not a GPU measurement)")
     say("done")

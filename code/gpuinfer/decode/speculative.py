@@ -20,18 +20,18 @@ without a host value:
 
 So one pass is a fixed sequence of kernels on fixed buffers for each k: one CUDA graph per
 k. The host reads the position after each pass, to know when to stop, without stalling the
-GPU: the next pass is queued before the read whenever the passes in flight cannot reach the
-end (`PositionReads`).
+GPU: the pass's last kernel stores it into pinned host memory, and the next pass is queued
+before the read whenever the passes in flight cannot reach the end (`PositionReads`).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Callable
 
 import torch
 
 from gpuinfer.decode.interface import check_prompt, check_step, graphed_step
+from gpuinfer.decode.position_reads import PositionReads  # also imported from here
 from gpuinfer.decode.runners import BY_HAND, EAGER, TREES, Mode, compiled
 from gpuinfer.decode.static import StaticDecoder
 from gpuinfer.decode.triton_step import MAX_QUERY
@@ -39,9 +39,8 @@ from gpuinfer.kernels.common import compile_ahead
 from gpuinfer.measure.timing import capture_graph
 
 REFRESH = (-1, 0)  # the draft's first step of a pass: slots pos - 1 and pos
-# Passes queued ahead of the host's reads. Four, not two: with two, a pass in a generation
-# took 16 µs more at Chapter 6's shapes (H100, 2026-12-05, scripts/probes/spec_loop.py),
-# though two should keep one queued; why is not yet known.
+# Passes queued ahead of the host's reads. Two already keep one queued; four cost nothing
+# more, and the probe that once found them 16 µs a pass faster read low (NOTES-57).
 IN_FLIGHT = 4
 
 
@@ -173,6 +172,9 @@ class Speculative:
                                               for fn in (self.first_step, self.step))
         self._passes: dict[int, Callable[[], object]] = {}
         self.passes = 0  # of the last generation
+        # The position after each pass, stored by the pass (a graph holds the buffers'
+        # addresses, so they are made once).
+        self.reads = PositionReads(self.pos, most=IN_FLIGHT)
 
     def draft_first_step(self) -> None:
         """The draft's first step of a pass: slots pos - 1 and pos in, its proposal after pos
@@ -198,15 +200,18 @@ class Speculative:
         self.verifier.fn(k + 1)  # refused if the target's passes are shorter
 
     def one_pass(self, k: int) -> Callable[[], object]:
-        """A whole pass with k proposals: built once per k, a CUDA graph replay on a GPU
-        when the mode captures by hand."""
+        """A whole pass with k proposals, its last kernel the position's store into
+        `self.reads` (`PositionReads.publish`): built once per k, a CUDA graph replay on a
+        GPU when the mode captures by hand."""
         if k not in self._passes:
             self.check_k(k)
             draft, check = self.draft_fn(k), self.verifier.fn(k + 1)
 
             def run():
                 draft()
-                return check()
+                accepted = check()
+                self.reads.publish()  # unread outside `generate`, which resets the reads
+                return accepted
 
             if self.kernels:
                 compile_ahead(run)  # all the pass's kernels at once, none run
@@ -287,7 +292,8 @@ class Speculative:
             return torch.empty((1, 0), dtype=torch.int64)
         run, k, start = started
         last, passes, known = start + new_tokens - 1, 0, start
-        reads = PositionReads(self.pos, most=IN_FLIGHT)
+        reads = self.reads
+        reads.reset()  # forgets the passes that published since (warm-up, decode_step)
         while known < last:
             while reads.in_flight < reads.most and \
                     known + reads.in_flight * (k + 1) < last:
@@ -297,44 +303,6 @@ class Speculative:
             known = reads.oldest()
         self.passes, self.host_pos = passes, known
         return self._tokens(start, new_tokens)
-
-
-class PositionReads:
-    """The position after each pass, read without stalling the GPU: copied behind the
-    pass into pinned host memory, with an event to wait for (on a CPU: read at once)."""
-
-    def __init__(self, pos: torch.Tensor, most: int = 2):
-        self.pos, self.cuda = pos, pos.is_cuda
-        self.most = most
-        self.host = torch.empty(most, dtype=pos.dtype, pin_memory=self.cuda)
-        self.events = [torch.cuda.Event() for _ in range(most)] if self.cuda else []
-        self.slots: deque[int] = deque()
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.slots)
-
-    def queue(self) -> None:
-        """The position as the pass just launched leaves it, on its way to the host."""
-        if len(self.slots) == self.most:
-            raise ValueError(f"{len(self.slots)} positions in flight: PositionReads holds "
-                             f"at most {self.most}; read the oldest first")
-        i = next(j for j in range(self.most) if j not in self.slots)
-        if self.cuda:
-            self.host[i: i + 1].copy_(self.pos, non_blocking=True)
-            self.events[i].record()
-        else:
-            self.host[i] = self.pos[0]
-        self.slots.append(i)
-
-    def oldest(self) -> int:
-        """The position after the oldest pass in flight, once it has ended."""
-        if not self.slots:
-            raise ValueError("no position in flight: queue() one after a pass")
-        i = self.slots.popleft()
-        if self.cuda:
-            self.events[i].synchronize()
-        return int(self.host[i])
 
 
 def repeatable(pos: torch.Tensor, start: int, fn: Callable[[], object]) -> Callable[[], object]:

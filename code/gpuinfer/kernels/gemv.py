@@ -232,16 +232,17 @@ def pass_outputs(x: torch.Tensor, k: int, n: int, dtype: torch.dtype | None = No
     return tokens, shape
 
 
-def _launch_plan(config: GemvConfig, w: torch.Tensor, x: torch.Tensor, n: int,
-                 rows_per_out: int, out: torch.Tensor | None,
-                 workspace: Workspace | None, residual: torch.Tensor | None = None,
-                 ) -> tuple[int, torch.Tensor, Workspace, tuple]:
+def launch_plan(config: GemvConfig, w: torch.Tensor, x: torch.Tensor, n: int,
+                rows_per_out: int, out: torch.Tensor | None,
+                workspace: Workspace | None, residual: torch.Tensor | None = None,
+                dtype: torch.dtype | None = None,
+                ) -> tuple[int, torch.Tensor, Workspace, tuple]:
     """What a launch of `n` outputs a vector of x needs, read off w (., K) and x: how many
     vectors x holds, the output ((n,) or (tokens, n), a fresh one if none is given; out
-    and residual checked, `pass_outputs`), the workspace (`workspace_for`) and the
-    grid."""
+    and residual checked, in `dtype` if given, `pass_outputs`), the workspace
+    (`workspace_for`) and the grid."""
     k = w.shape[1]
-    tokens, shape = pass_outputs(x, k, n, out=out, residual=residual)
+    tokens, shape = pass_outputs(x, k, n, dtype, out=out, residual=residual)
     out = torch.empty(shape, device=w.device, dtype=x.dtype) if out is None else out
     ws = workspace_for(config, n, k, rows_per_out, workspace, w.device, tokens)
     return tokens, out, ws, config.grid(n, k)
@@ -263,7 +264,7 @@ def gemv(w: torch.Tensor | Int8Matrix, x: torch.Tensor, out: torch.Tensor | None
         raise ValueError(f"int8_widen={int8_widen!r}: one of {INT8_WIDEN}")
     w, scale = unpack(w)
     n, k = w.shape
-    tokens, out, ws, grid = _launch_plan(config, w, x, n, 1, out, workspace,
+    tokens, out, ws, grid = launch_plan(config, w, x, n, 1, out, workspace,
                                          residual)
     gemv_kernel[grid](
         w, scale, x, out, residual, norm, ws.partials, ws.counters,
@@ -283,7 +284,7 @@ def gemv_silu(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
     w, scale = unpack(w)
     n2, k = w.shape
     n = n2 // 2
-    tokens, out, ws, grid = _launch_plan(config, w, x, n, 2, out, workspace)
+    tokens, out, ws, grid = launch_plan(config, w, x, n, 2, out, workspace)
     gemv_silu_kernel[grid](
         w, scale, x, out, norm, ws.partials, ws.counters,
         n, k, w.stride(0), config.k_per_split(k), eps, SCALED=scale is not None,

@@ -21,7 +21,7 @@ MODULES = ("gpuinfer.kernels.common", "gpuinfer.kernels.tile",
            "gpuinfer.kernels.mma_dot", "gpuinfer.kernels.gemv",
            "gpuinfer.kernels.tiling", "gpuinfer.kernels.qkv_rope",
            "gpuinfer.kernels.attention", "gpuinfer.kernels.embed_head",
-           "gpuinfer.decode.triton_step")
+           "gpuinfer.kernels.position_ring", "gpuinfer.decode.triton_step")
 
 
 def use_interpreter() -> None:

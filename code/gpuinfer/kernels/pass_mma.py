@@ -37,7 +37,7 @@ import triton.language as tl
 
 from gpuinfer.kernels.common import Workspace, check_pow2, launch_options
 from gpuinfer.kernels.gemv import (GemvConfig, gemv_kernel, gemv_silu_kernel,
-                                   pass_outputs, workspace_for)
+                                   launch_plan)
 from gpuinfer.model.quant import Int8Matrix, unpack
 
 MAX_TOKENS = 16  # a pass's rows: the MMA's 16 (Triton pads fewer)
@@ -131,19 +131,16 @@ def _pass_plan(config: MmaConfig, w: torch.Tensor, x: torch.Tensor, n: int,
                rows_per_out: int, out: torch.Tensor | None, workspace: Workspace | None,
                residual: torch.Tensor | None = None,
                ) -> tuple[int, MmaConfig, torch.Tensor, Workspace, tuple]:
-    """What a pass's launch of `n` outputs a token needs, read off w (., K) and x
-    (T, K), as `gemv._launch_plan` for a step: T (`pass_tokens`, the weights checked
-    against x), the tiling fitted to K, the output ((T, n), a fresh one if none is
-    given; out and residual checked, `pass_outputs`), the workspace and the grid."""
+    """`gemv.launch_plan` for a pass: T checked (`pass_tokens`), the weights against x
+    (`check_weights`), the buffers in x's dtype, the tiling fitted to K. Returns T, the
+    tiling, the output, the workspace and the grid."""
     k = w.shape[1]
-    tokens = pass_tokens(x, k)
+    pass_tokens(x, k)
     check_weights(w, x)
-    pass_outputs(x, k, n, x.dtype, out=out, residual=residual)
     config = config.fit(k)
-    if out is None:
-        out = torch.empty((tokens, n), device=w.device, dtype=x.dtype)
-    ws = workspace_for(config, n, k, rows_per_out, workspace, w.device, tokens)
-    return tokens, config, out, ws, config.grid(n, k)
+    tokens, out, ws, grid = launch_plan(config, w, x, n, rows_per_out, out, workspace,
+                                        residual, dtype=x.dtype)
+    return tokens, config, out, ws, grid
 
 
 def gemv_pass(w: torch.Tensor | Int8Matrix, x: torch.Tensor,
@@ -200,6 +197,8 @@ def mma_configs(config, gpu: bool, weights: str = "bf16") -> dict[str, MmaConfig
     - paired products whose K spans more than a tile (so two tiles are in flight):
       qkv 4 pairs (16 tokens would spill 8 pairs on sm_80), gate/up 16 pairs x 256
       columns in one chain (at 1B: 1.16x the step's kernel, 8 pairs x 1024 1.47x);
+    - q/k/v and o of 1024 < K <= 2048 (BF16): one tile of the whole K at 8 warps, no
+      split (at 1B on the H200: 1.335 and 1.343 steps at 5 tokens against 1.360);
     - the lm_head: 32 rows x 256 columns, one chain (its many programs an SM hide
       the chain; 16 chains cost 1.22x); FP32 weights (the checks): tiles of 256.
     Pipelined (2 stages) where a program has tiles after its first, BF16 only (int8
@@ -221,6 +220,9 @@ def mma_configs(config, gpu: bool, weights: str = "bf16") -> dict[str, MmaConfig
             c = MmaConfig(8, 256)
         elif name == "gate_up" and k > 1024:
             c = MmaConfig(16, 256)
+        elif name in ("qkv", "o") and 1024 < k <= 2048 and weights == "bf16":
+            # Each program's whole row loaded before the PDL wait, with no split-K sum
+            c = MmaConfig(4 if name == "qkv" else 8, 2048, num_warps=8, chains=16)
         else:
             c = MmaConfig(4 if name == "qkv" and k > 1024 else 8, 1024, chains=16)
         tiles = triton.cdiv(k, c.block_k)
