@@ -265,7 +265,7 @@ def gemv(w: torch.Tensor | Int8Matrix, x: torch.Tensor, out: torch.Tensor | None
     w, scale = unpack(w)
     n, k = w.shape
     tokens, out, ws, grid = launch_plan(config, w, x, n, 1, out, workspace,
-                                         residual)
+                                        residual)
     gemv_kernel[grid](
         w, scale, x, out, residual, norm, ws.partials, ws.counters,
         n, k, w.stride(0), config.k_per_split(k), eps, SCALED=scale is not None,
