@@ -332,21 +332,10 @@ def compile_only_main():
 
 # -- on the GPU ------------------------------------------------------------------------
 
-def graphed(fn, count):
-    """(replay, count): a CUDA graph of count calls fn(i), after two calls outside."""
-    for i in range(2):
-        fn(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(count):
-            fn(i)
-    return graph.replay, count
-
-
 def gpu_main(rounds):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import pass_mma as pm  # the probe: Bench (weights' copies, buffers, launches)
+    from pass_breakdown import graphed  # a CUDA graph of many launches
     from gpuinfer.kernels.common import pdl_supported
     from gpuinfer.measure.rounds import interleaved_rounds
     from gpuinfer.model.configs import model_config

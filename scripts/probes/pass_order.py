@@ -122,9 +122,10 @@ import pass_variants as pv  # noqa: E402
 
 for label in pv.VARIANTS:
     pv.VARIANTS[label] = {"rule": pv.VARIANTS[label]["rule"]}
+staging = ("late (weights staged after x is loaded)" if FENCE_ALL_FLAG else
+           "late for q/k/v and gate/up") if LATE else "as today"
 pv.say(("early launch; " if EARLY else "") + ("others early; " if OTHERS else "")
-       + "pass_dot: " + ("as today" if not LATE else "late (weights staged after x "
-                         "is loaded)" if FENCE_ALL_FLAG else "late for q/k/v and gate/up"))
+       + "pass_dot: " + staging)
 
 if __name__ == "__main__":
     pv.main()

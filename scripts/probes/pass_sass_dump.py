@@ -30,6 +30,23 @@ def sass_of(kernel):
                               text=True, check=True).stdout
 
 
+def dump(directory, label, kernel):
+    """The kernel's TTGIR, PTX and SASS as DIRECTORY/LABEL.{ttgir,ptx,sass}."""
+    for ext in ("ttgir", "ptx"):
+        with open(os.path.join(directory, f"{label}.{ext}"), "w") as f:
+            f.write(kernel.asm[ext])
+    with open(os.path.join(directory, f"{label}.sass"), "w") as f:
+        f.write(sass_of(kernel))
+
+
+def dump_and_say(directory, label, kernel):
+    """`dump`, then a line of the kernel's registers, stack and shared memory."""
+    dump(directory, label, kernel)
+    u = resource_usage(kernel)
+    print(f"{label}: regs {u['regs']} stack {u['stack']} smem {kernel.metadata.shared}",
+          flush=True)
+
+
 def jobs():
     from gpuinfer.kernels.gemv import gemv, gemv_silu
     from gpuinfer.kernels.pass_mma import gemv_pass, gemv_silu_pass, mma_configs
@@ -79,11 +96,7 @@ def main():
             launch()
         name, kw, k = compiled[-1]
         u = resource_usage(k)
-        for ext in ("ttgir", "ptx"):
-            with open(os.path.join(d, f"{label}.{ext}"), "w") as f:
-                f.write(k.asm[ext])
-        with open(os.path.join(d, f"{label}.sass"), "w") as f:
-            f.write(sass_of(k))
+        dump(d, label, k)
         print(f"{label:18s} {name:24s} regs {u['regs']} stack {u['stack']} "
               f"smem {k.metadata.shared} warps {k.metadata.num_warps} "
               f"stages {kw.get('num_stages')} BLOCK_N {kw.get('BLOCK_N')} "

@@ -20,14 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
-from gpuinfer.kernels.aot import compile_only, resource_usage
+from gpuinfer.kernels.aot import compile_only
 from gpuinfer.kernels.common import pdl_wait, split_k_sum
 from gpuinfer.kernels.gemv import gate_up_rows, store_silu
 from gpuinfer.kernels.mma_dot import mma, product
 from gpuinfer.kernels.tile import normed, prefetch, split_columns
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pass_sass_dump import sass_of  # noqa: E402
+from pass_sass_dump import dump_and_say  # noqa: E402
 
 
 @triton.jit
@@ -95,12 +95,7 @@ def main():
                     num_warps=4, num_stages=1, launch_pdl=True)
             k = compiled[-1][2]
             label = f"exp_gate_up_T{T}_order{order}"
-            for ext in ("ttgir", "ptx"):
-                open(os.path.join(d, f"{label}.{ext}"), "w").write(k.asm[ext])
-            open(os.path.join(d, f"{label}.sass"), "w").write(sass_of(k))
-            u = resource_usage(k)
-            print(f"{label}: regs {u['regs']} stack {u['stack']} smem {k.metadata.shared}",
-                  flush=True)
+            dump_and_say(d, label, k)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from gpuinfer.kernels.aot import compile_only, resource_usage
+from gpuinfer.kernels.aot import compile_only
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pass_sass_dump import sass_of  # noqa: E402
+from pass_sass_dump import dump_and_say  # noqa: E402
 
 
 @gluon.jit
@@ -88,12 +88,7 @@ def main():
                     num_warps=4, launch_pdl=True)
             k = compiled[-1][2]
             label = f"gluon_gate_up_T{T}_kw{kw}"
-            for ext in ("ttgir", "ptx"):
-                open(os.path.join(d, f"{label}.{ext}"), "w").write(k.asm[ext])
-            open(os.path.join(d, f"{label}.sass"), "w").write(sass_of(k))
-            u = resource_usage(k)
-            print(f"{label}: regs {u['regs']} stack {u['stack']} smem {k.metadata.shared}",
-                  flush=True)
+            dump_and_say(d, label, k)
 
 
 if __name__ == "__main__":
