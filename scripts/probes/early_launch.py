@@ -47,14 +47,20 @@ def patch():
         module.prefetch, module.pdl_wait = launch_then_prefetch, wait_only
 
 
-def patch_others():
+OTHERS = ("attention", "eight_bit_gemv", "embed_head", "pass_attention",
+          "pass_mma_heads")
+
+
+def patch_others(names=OTHERS):
     """The other kernels (attention, embedding, lm_head, the pass's heads, the
-    eight-bit GEMV) let the next launch just before their wait, not after it."""
-    from gpuinfer.kernels import (attention, eight_bit_gemv, embed_head,
-                                  pass_attention, pass_mma_heads)
-    for module in (attention, eight_bit_gemv, embed_head, pass_attention,
-                   pass_mma_heads):
-        module.pdl_wait = launch_then_wait
+    eight-bit GEMV; or only the modules named) let the next launch just before their
+    wait, not after it. The pass's own kernels alone: pass_attention (its attention)
+    and pass_mma_heads (its acceptance); its lm_head runs embed_head's program."""
+    import importlib
+    for name in names:
+        if name not in OTHERS:
+            raise SystemExit(f"early_launch: no kernel module {name!r}; one of {OTHERS}")
+        importlib.import_module(f"gpuinfer.kernels.{name}").pdl_wait = launch_then_wait
 
 
 if __name__ == "__main__":

@@ -106,17 +106,19 @@ if LATE:  # before any pass kernel compiles: `product` reads pass_dot from here
 # --early: the products' kernels (step's and pass's: gemv, gemv_silu, q/k/v) let the
 # next kernel launch before they even load their weights (`early_launch.py`)
 # (with the package's products launching early already, since 2026-12-06 08:30 UTC)
-# --early-others: the other kernels let the next launch before their wait
+# --early-others: the other kernels let the next launch before their wait;
+# --early-others=pass_attention,pass_mma_heads: only those modules' kernels
 EARLY = "--early" in sys.argv
-OTHERS = "--early-others" in sys.argv
+OTHERS = next((a for a in sys.argv if a.startswith("--early-others")), None)
 if EARLY or OTHERS:
     import early_launch  # noqa: E402
 if EARLY:
     sys.argv.remove("--early")
     early_launch.patch()
 if OTHERS:
-    sys.argv.remove("--early-others")
-    early_launch.patch_others()
+    sys.argv.remove(OTHERS)
+    _, _, names = OTHERS.partition("=")
+    early_launch.patch_others(names.split(",") if names else early_launch.OTHERS)
 
 import pass_variants as pv  # noqa: E402
 
@@ -124,7 +126,7 @@ for label in pv.VARIANTS:
     pv.VARIANTS[label] = {"rule": pv.VARIANTS[label]["rule"]}
 staging = ("late (weights staged after x is loaded)" if FENCE_ALL_FLAG else
            "late for q/k/v and gate/up") if LATE else "as today"
-pv.say(("early launch; " if EARLY else "") + ("others early; " if OTHERS else "")
+pv.say(("early launch; " if EARLY else "") + (f"others early ({OTHERS}); " if OTHERS else "")
        + "pass_dot: " + staging)
 
 if __name__ == "__main__":
