@@ -21,6 +21,10 @@ c. Whole passes: `MmaPassDecoder` with the rule's tiling and with (b)'s best
    `spec_mma.py` times them (graphed, interleaved rounds); the tuned decoder's logits
    first checked against its own steps (teacher-forced top-1 and max |diff|).
 
+`PASS_NO_NORM=1`: the products without x's RMSNorm (`pass_mma.Bench`), to see what
+the norm costs each product (checked against the reference without it).
+`PASS_HW_ROUND=1`: the norm's roundings by the conversion instruction (`hw_round.py`).
+
 Every stage prints as it goes. About 3.5 minutes on an H100 (compiles: about a third);
 `--shapes target` about half. `--smoke`: tiny shapes on the CPU under the interpreter,
 every path once (about 2 minutes on a 2-core CPU).
@@ -40,6 +44,12 @@ if SMOKE:  # before any kernel module is imported
     from gpuinfer.kernels.interpret import use_interpreter
     use_interpreter()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if os.environ.get("PASS_HW_ROUND"):  # the norm rounded by cvt (`hw_round.py`)
+    import hw_round
+    hw_round.patch()
+    if torch.cuda.is_available():
+        print(f"hw_round: the conversion gives round_to's bits on {hw_round.check()} "
+              "values; tile.normed rounds by cvt", flush=True)
 import pass_mma as pm  # noqa: E402  the probe: Bench, shapes, rel
 import pass_sweep as sw  # noqa: E402
 import spec_mma as sm  # noqa: E402  prompt, forced, ready, ratio

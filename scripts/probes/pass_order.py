@@ -100,6 +100,13 @@ def pass_dot_late(w, g, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi,
     return acc
 
 
+# --hw-round: the pass's norm rounded by cvt, not integer operations (`hw_round.py`)
+HW_ROUND = "--hw-round" in sys.argv
+if HW_ROUND:
+    sys.argv.remove("--hw-round")
+    import hw_round  # noqa: E402
+    hw_round.patch_pass()
+
 if LATE:  # before any pass kernel compiles: `product` reads pass_dot from here
     mma_dot.pass_dot = pass_dot_late
 
@@ -126,8 +133,9 @@ for label in pv.VARIANTS:
     pv.VARIANTS[label] = {"rule": pv.VARIANTS[label]["rule"]}
 staging = ("late (weights staged after x is loaded)" if FENCE_ALL_FLAG else
            "late for q/k/v and gate/up") if LATE else "as today"
-pv.say(("early launch; " if EARLY else "") + (f"others early ({OTHERS}); " if OTHERS else "")
-       + "pass_dot: " + staging)
+pv.say(("pass norm rounded by cvt; " if HW_ROUND else "")
+       + ("early launch; " if EARLY else "")
+       + (f"others early ({OTHERS}); " if OTHERS else "") + "pass_dot: " + staging)
 
 if __name__ == "__main__":
     pv.main()
