@@ -7,6 +7,7 @@ their weights, instead of after their PDL wait; the wait stays where it is.
 runs PROBE with the kernels patched (before any of them compiles). `pass_order.py
 --early` patches the same way.
 """
+import os
 import runpy
 import sys
 
@@ -67,6 +68,6 @@ if __name__ == "__main__":
     patch()
     probe = sys.argv[1]
     sys.argv = sys.argv[1:]
-    sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(probe)))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(probe)))
     print("early launch: the products' kernels trigger their dependents first", flush=True)
     runpy.run_path(probe, run_name="__main__")

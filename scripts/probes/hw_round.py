@@ -2,12 +2,14 @@
 growth from 2 to 5 tokens (`PASS_NO_NORM=1 pass_breakdown.py`, H100). Per element the
 norm rounds twice to BF16 (`tile.normed`), each rounding five integer operations on
 the bits (`common.round_to`, written so that Triton's interpreter rounds as the GPU
-does). Compiled, one conversion instruction (cvt.rn.bf16x2.f32, to nearest, ties to
-even) rounds two elements the same way. `patch()` gives `tile.normed` that rounding
-(the norm only: the epilogues keep `round_to`); `check()` first asserts on the GPU
-that it gives `round_to`'s bits on 16 M values, ties and the dtype's edges among them.
+does). Compiled, one conversion instruction (cvt.rn.bf16.f32, to nearest, ties to
+even) rounds an element the same way. `patch()` gives `tile.normed` that rounding (the
+norm only: the epilogues keep `round_to`), `patch(pass_only=True)` only the pass's
+norm (`mma_dot`'s); on a GPU either first asserts (`check`) that it gives `round_to`'s
+bits on ~33 M values, half of them ties.
 
     PASS_HW_ROUND=1 PYTHONPATH=code python scripts/probes/pass_breakdown.py ...
+    cd scripts/probes && PYTHONPATH=../../code python pass_order.py --hw-round ...
 """
 import torch
 import triton
@@ -19,13 +21,11 @@ from gpuinfer.kernels.common import round_to
 
 @triton.jit
 def round_hw(x, DTYPE: tl.constexpr):
-    """`common.round_to` by the conversion instruction (compiled only)."""
+    """`common.round_to`, BF16 by the conversion instruction (compiled only)."""
     if DTYPE == tl.bfloat16:
         y = x.to(tl.bfloat16).to(tl.float32)
-    elif DTYPE == tl.float16:
-        y = x.to(tl.float16).to(tl.float32)
     else:
-        y = x
+        y = round_to(x, DTYPE)  # FP16 converts already; FP32 stays
     return y
 
 
@@ -52,17 +52,20 @@ def check(device="cuda"):
     return x.numel()
 
 
-def patch():
-    tile.round_to = round_hw  # tile.normed's rounding; compiled before any kernel
-
-
 @triton.jit
 def normed_hw(x, g, rstd, dt):
     """`tile.normed` rounded by the conversion instruction."""
     return round_hw(g * round_hw(x * rstd, dt), dt)
 
 
-def patch_pass():
-    """Only the pass's norm (`mma_dot`'s products): the step's kernels as they are."""
-    from gpuinfer.kernels import mma_dot
-    mma_dot.normed = normed_hw
+def patch(pass_only: bool = False):
+    """Before any kernel compiles: tile.normed's rounding by cvt, or with pass_only
+    only the pass's norm (`mma_dot`'s products; the step's kernels as they are)."""
+    if torch.cuda.is_available():
+        print(f"hw_round: the conversion gives round_to's bits on {check()} values",
+              flush=True)
+    if pass_only:
+        from gpuinfer.kernels import mma_dot
+        mma_dot.normed = normed_hw
+    else:
+        tile.round_to = round_hw

@@ -47,9 +47,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if os.environ.get("PASS_HW_ROUND"):  # the norm rounded by cvt (`hw_round.py`)
     import hw_round
     hw_round.patch()
-    if torch.cuda.is_available():
-        print(f"hw_round: the conversion gives round_to's bits on {hw_round.check()} "
-              "values; tile.normed rounds by cvt", flush=True)
 import pass_mma as pm  # noqa: E402  the probe: Bench, shapes, rel
 import pass_sweep as sw  # noqa: E402
 import spec_mma as sm  # noqa: E402  prompt, forced, ready, ratio

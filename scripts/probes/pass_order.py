@@ -105,7 +105,7 @@ HW_ROUND = "--hw-round" in sys.argv
 if HW_ROUND:
     sys.argv.remove("--hw-round")
     import hw_round  # noqa: E402
-    hw_round.patch_pass()
+    hw_round.patch(pass_only=True)
 
 if LATE:  # before any pass kernel compiles: `product` reads pass_dot from here
     mma_dot.pass_dot = pass_dot_late
