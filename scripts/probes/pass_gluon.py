@@ -65,8 +65,10 @@ TOL = 1e-2  # tests/test_pass_mma.py's BF16 tolerance (rel. error, L2)
 BF16 = torch.bfloat16
 # the Gluon kernels timed: launch_dependents first (the brief's order), after the
 # wait (the repository's `pdl_wait` order), and x through a shared buffer of its own
+# and the norm applied after the product (`norm_after.py`: rstd scales the sums)
 VARIANTS = {"gluon": dict(early=True), "gluon-late": dict(early=False),
-            "gluon-xsmem": dict(early=True, xsmem=True)}
+            "gluon-xsmem": dict(early=True, xsmem=True),
+            "gluon-after": dict(early=True, after=True)}
 
 
 def say(*args):
@@ -78,13 +80,15 @@ def gluon_silu_pass_kernel(w_ptr, x_ptr, out_ptr, norm_ptr, N, eps,
                            K: gl.constexpr, ROWS: gl.constexpr, R: gl.constexpr,
                            BLOCK_N: gl.constexpr, CHAINS: gl.constexpr,
                            KW: gl.constexpr, PDL: gl.constexpr,
-                           EARLY: gl.constexpr, XSMEM: gl.constexpr):
+                           EARLY: gl.constexpr, XSMEM: gl.constexpr,
+                           AFTER: gl.constexpr):
     """out[t, j] = SiLU(xn[t] . W[j]) * (xn[t] . W[N + j]) for t < ROWS, xn =
     RMSNorm(x) (weights norm, eps), j in this program's BLOCK_N outputs. W (2N, K)
     row-major, x (ROWS, K), out (ROWS, N), all BF16; K the whole row, one tile.
     R = next_pow2(ROWS). EARLY: launch_dependents first, else right after the wait
     (the repository's `pdl_wait` order). XSMEM: x goes to the MMA's A layout through
-    a shared buffer of its own (one store, one barrier), else by convert_layout."""
+    a shared buffer of its own (one store, one barrier), else by convert_layout.
+    AFTER: the MMA takes g * x (rounded once), rstd scales the sums at the end."""
     KC: gl.constexpr = K // CHAINS  # columns a chain
     BN2: gl.constexpr = 2 * BLOCK_N  # rows of W a program: BLOCK_N (gate, up) pairs
     # The MMA (mma.sync m16n8k16, BF16 in, FP32 accumulators), batched over the chains:
@@ -142,9 +146,12 @@ def gluon_silu_pass_kernel(w_ptr, x_ptr, out_ptr, norm_ptr, N, eps,
     # uses integer arithmetic only for the interpreter, which truncates).
     ss = gl.sum(gl.sum(xf * xf, axis=2), axis=0)  # (R,) each token's sum of squares
     rstd = gl.div_rn(gl.full_like(ss, 1.0), gl.sqrt_rn(ss / K + eps))
-    xn = g * (xf * gl.expand_dims(gl.expand_dims(rstd, 0), 2)).to(gl.bfloat16) \
-        .to(gl.float32)
-    xn = xn.to(gl.bfloat16)
+    if AFTER:  # nothing before the MMA waits for the sum of squares
+        xn = (g * xf).to(gl.bfloat16)
+    else:
+        xn = g * (xf * gl.expand_dims(gl.expand_dims(rstd, 0), 2)).to(gl.bfloat16) \
+            .to(gl.float32)
+        xn = xn.to(gl.bfloat16)
 
     # The product: CHAINS independent accumulators (an MMA waits only for its own
     # chain's last), summed over the chains (across the warps: through shared memory).
@@ -156,6 +163,9 @@ def gluon_silu_pass_kernel(w_ptr, x_ptr, out_ptr, norm_ptr, N, eps,
         xa = gl.convert_layout(xn, XL)
     acc = mma_v2(xa, w, acc)
     y = gl.sum(acc, axis=0)  # (R, BN2)
+    if AFTER:
+        r = gl.convert_layout(rstd, gl.SliceLayout(1, y.type.layout))
+        y = y * gl.expand_dims(r, 1)
 
     # The epilogue, `gemv.store_silu`'s: tile column 2i gate, 2i + 1 up of output i;
     # every operation rounded to BF16 as the Llama MLP (F.silu(gate) * up) rounds it.
@@ -170,14 +180,15 @@ def gluon_silu_pass_kernel(w_ptr, x_ptr, out_ptr, norm_ptr, N, eps,
 
 
 def gluon_silu_pass(w, x, out, norm, eps=1e-5, pdl=False, early=True,
-                    xsmem=False):
+                    xsmem=False, after=False):
     """out (T, N) = SiLU(xn W[:N]ᵀ) * (xn W[N:]ᵀ), xn = RMSNorm(x) (weights `norm`),
     for the stacked gate/up W (2N, K) and x (T, K), 1 <= T <= 16, all BF16 and
     contiguous; K = 64 CHAINS = 1024 (the whole row one tile in registers, 64
     columns a chain as the x layout spans them), N a multiple of BLOCK_N. Refused
     before any launch otherwise.
     early: launch_dependents before the weights' loads (else after the wait);
-    xsmem: x to the MMA through a shared buffer of its own (else convert_layout)."""
+    xsmem: x to the MMA through a shared buffer of its own (else convert_layout);
+    after: the norm applied after the product (rstd on the sums)."""
     for name, t, dim in (("w", w, 2), ("x", x, 2), ("out", out, 2), ("norm", norm, 1)):
         if t.dim() != dim or t.dtype != BF16 or not t.is_contiguous():
             raise ValueError(f"{name} {tuple(t.shape)} {t.dtype}: {dim}-D BF16, "
@@ -197,11 +208,11 @@ def gluon_silu_pass(w, x, out, norm, eps=1e-5, pdl=False, early=True,
     return gluon_silu_pass_kernel[(n // BLOCK_N,)](
         w, x, out, norm, n, eps, K=k, ROWS=tokens,
         R=1 << (tokens - 1).bit_length(), BLOCK_N=BLOCK_N, CHAINS=CHAINS, KW=KW,
-        PDL=pdl, EARLY=early, XSMEM=xsmem,
+        PDL=pdl, EARLY=early, XSMEM=xsmem, AFTER=after,
         num_warps=WARPS, launch_pdl=pdl)
 
 
-def emulate(w, x, norm, eps=1e-5):
+def emulate(w, x, norm, eps=1e-5, after=False):
     """The kernel's logical program in PyTorch (CPU, FP32): each program's rows of W
     and columns of x and W as the kernel indexes them, the chains' partial sums, the
     split of the accumulator and the roundings. Checks the index mapping and the
@@ -217,10 +228,16 @@ def emulate(w, x, norm, eps=1e-5):
     xp[:T] = x.float()
     xf = xp[:, cols]  # (R, CHAINS, KC)
     rstd = 1.0 / torch.sqrt((xf * xf).sum((1, 2)) / k + eps)
-    xn = (norm.float()[cols] * (xf * rstd[:, None, None]).to(BF16).float()).to(BF16)
+    if after:
+        xn = (norm.float()[cols] * xf).to(BF16)
+    else:
+        xn = (norm.float()[cols] * (xf * rstd[:, None, None]).to(BF16).float()) \
+            .to(BF16)
     wt = w.float()[rows][:, :, cols]  # (blocks, BN2, CHAINS, KC)
     part = torch.einsum("rck,bnck->bcrn", xn.float(), wt)  # each chain's sums
     y = part.sum(1)  # (blocks, R, BN2)
+    if after:
+        y = y * rstd[None, :, None]
     gate, up = y.reshape(len(blocks), R, BLOCK_N, 2).unbind(-1)
     gate = gate.to(BF16).float()
     silu = (gate / (1.0 + torch.exp(-gate))).to(BF16).float()
@@ -287,7 +304,7 @@ def compile_only_main():
     jobs = [(f"gluon T={T}", T, lambda T=T: gluon_silu_pass(
         t(2 * INTER, HIDDEN), t(T, HIDDEN), t(T, INTER), t(HIDDEN), pdl=True))
         for T in (1, 2, 5, 7, 8)]
-    for name in ("gluon-late", "gluon-xsmem"):
+    for name in ("gluon-late", "gluon-xsmem", "gluon-after"):
         jobs += [(f"{name} T={T}", T, lambda T=T, v=VARIANTS[name]: gluon_silu_pass(
             t(2 * INTER, HIDDEN), t(T, HIDDEN), t(T, INTER), t(HIDDEN), pdl=True, **v))
             for T in (2, 5, 8)]
@@ -318,10 +335,11 @@ def compile_only_main():
     ok = True
     for T in (1, 2, 5, 7, 8):
         x = torch.randn(T, HIDDEN, generator=g).to(BF16)
-        err, diff = rel(emulate(w, x, norm), reference(w, x, norm))
-        ok &= err <= TOL
-        say(f"emulated T={T}: rel {err:.2e} max |diff| {diff:.3g} "
-            f"{'ok' if err <= TOL else 'FAILED'} (tol {TOL:g})")
+        for after in (False, True):
+            err, diff = rel(emulate(w, x, norm, after=after), reference(w, x, norm))
+            ok &= err <= TOL
+            say(f"emulated T={T}{' after' * after}: rel {err:.2e} max |diff| "
+                f"{diff:.3g} {'ok' if err <= TOL else 'FAILED'} (tol {TOL:g})")
     # the emulation must see a swapped gate/up: a check that can fail
     x = torch.randn(5, HIDDEN, generator=g).to(BF16)
     swapped = torch.cat([w[INTER:], w[:INTER]])
@@ -447,7 +465,13 @@ def main():
     ap.add_argument("--compile-only", action="store_true",
                     help="compile for sm_90 on a CPU, emulate the arithmetic")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--norm-after", action="store_true",
+                    help="the Triton pass with its norm after the MMA (norm_after.py)")
     a = ap.parse_args()
+    if a.norm_after:  # before the Triton pass compiles
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import norm_after
+        norm_after.patch()
     if a.compile_only:
         return compile_only_main()
     if not torch.cuda.is_available():

@@ -107,6 +107,13 @@ if HW_ROUND:
     import hw_round  # noqa: E402
     hw_round.patch(pass_only=True)
 
+# --norm-after: the pass's norm as rstd * ((x * g) W^T), after the MMA (`norm_after.py`)
+NORM_AFTER = "--norm-after" in sys.argv
+if NORM_AFTER:
+    sys.argv.remove("--norm-after")
+    import norm_after  # noqa: E402
+    norm_after.patch()
+
 if LATE:  # before any pass kernel compiles: `product` reads pass_dot from here
     mma_dot.pass_dot = pass_dot_late
 
@@ -134,6 +141,7 @@ for label in pv.VARIANTS:
 staging = ("late (weights staged after x is loaded)" if FENCE_ALL_FLAG else
            "late for q/k/v and gate/up") if LATE else "as today"
 pv.say(("pass norm rounded by cvt; " if HW_ROUND else "")
+       + ("pass norm after the MMA; " if NORM_AFTER else "")
        + ("early launch; " if EARLY else "")
        + (f"others early ({OTHERS}); " if OTHERS else "") + "pass_dot: " + staging)
 
