@@ -39,19 +39,13 @@ QUERIES = (2, 5, 7)
 M = MmaConfig
 # name: (pass_tiling over the rule's, one-program attention, attention's num_warps)
 VARIANTS = {
-    # Each program's weights in one tile loaded before the PDL wait, with no split-K
-    # sum where the step has none (8 warps hold the wider tiles without spills on
-    # sm_80/sm_90 at 16 tokens; compiled on the CPU, 2026-12-05 19:20 UTC). The step's
-    # down reads 8 rows x 2048 columns in one split; the pass's rule splits it in 3.
+    # (The target's unsplit down and o at 8 warps were slower at T = 5 on the H200:
+    # NOTES-57, "One tile a program, no split-K sum"; removed 2026-12-06.)
     "target": {
         "rule": ({}, True, None),
-        "down 8x4096 w8": ({"down": M(8, 4096, num_warps=8, chains=16)}, True, None),
-        "down 16x4096 w8": ({"down": M(16, 4096, num_warps=8, chains=16)}, True, None),
-        "down 8x2048 w8 s2": ({"down": M(8, 2048, 2, num_warps=8, chains=16)}, True,
-                              None),
-        "o w8, down 8x4096 w8": ({"o": M(8, 1024, num_warps=8, chains=16),
-                                  "down": M(8, 4096, num_warps=8, chains=16)}, True,
-                                 None),
+        # q/k/v: 96 programs of 8 pairs on 132 SMs; half the pairs, twice the programs
+        "qkv 4p x1024": ({"qkv": M(4, 1024, chains=16)}, True, None),
+        "qkv 8p x1024 w8": ({"qkv": M(8, 1024, num_warps=8, chains=16)}, True, None),
     },
     "1b": {
         # The rule since 2026-12-06 takes q/k/v and o in one tile of 2048 at 8 warps
