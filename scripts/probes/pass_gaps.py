@@ -9,11 +9,11 @@ for each kernel name, per launch: its start minus the end of the kernel before i
 (negative: it became resident before that one ended, as PDL allows), its duration
 (start to end: with PDL its wait included) and its charge. If q/k/v starts only once
 down has ended, its weights are not loaded ahead: the step's q/k/v, smaller programs,
-would fit beside down's and the pass's would not.
+would fit beside down's and the pass's would not. (Measured: it starts as early
+as the step's; NOTES-57, the `pass_gaps.py` section.)
 
     PYTHONPATH=code timeout 120 python scripts/probes/pass_gaps.py
 """
-import collections
 import os
 import sys
 
@@ -24,29 +24,9 @@ import spec_mma as sm  # noqa: E402  TARGET, config, prompt, START, CAPACITY, re
 from gpuinfer.decode.triton_pass import MmaPassDecoder  # noqa: E402
 from gpuinfer.measure.profiling import profile_steps  # noqa: E402
 from gpuinfer.model.configs import build_model  # noqa: E402
-from gpuinfer.report.kernel_names import kernel_name  # noqa: E402
-from gpuinfer.report.trace import step_kernels  # noqa: E402
+from spec_trace import gaps  # noqa: E402  (lag, duration, charge a launch)
 
 STEPS = 6
-
-
-def gaps(trace, steps):
-    """kernel name -> (launches a step, lag µs, duration µs, charge µs), means a launch
-    over steps 2..steps (the first step follows the head start)."""
-    lag, dur, charge = (collections.defaultdict(list) for _ in range(3))
-    for i in range(2, steps + 1):
-        ks = sorted((e for e in step_kernels(trace, i) if e.cat == "kernel"),
-                    key=lambda e: e.end)
-        prev = ks[0].ts
-        for e in ks:
-            name = kernel_name(e.name)
-            lag[name].append(e.ts - prev)
-            dur[name].append(e.end - e.ts)
-            charge[name].append(e.end - prev)
-            prev = e.end
-    n = steps - 1
-    return {name: (len(v) / n, sum(v) / len(v), sum(dur[name]) / len(v),
-                   sum(charge[name]) / len(v)) for name, v in lag.items()}
 
 
 def main():

@@ -20,16 +20,31 @@ from spec_rows import BF16, ONE_TILE, START, TARGET, config, prompt
 from gpuinfer.model.configs import build_model
 
 
-def charged(trace, steps=5):
-    per = collections.defaultdict(float)
+def gaps(trace, steps=5):
+    """kernel name -> (launches a step, lag, duration, charge), the last three µs a
+    launch averaged over steps 2..steps (the first follows the trace's start): its
+    start minus the end of the kernel before it (negative under PDL: resident before
+    that one ended), its start to its end (with PDL its wait included), and its charge,
+    its end minus the end before it."""
+    lag, dur, charge = (collections.defaultdict(list) for _ in range(3))
     for i in range(2, steps + 1):
-        ks = [e for e in step_kernels(trace, i) if e.cat == "kernel"]
-        ks.sort(key=lambda e: e.end)
+        ks = sorted((e for e in step_kernels(trace, i) if e.cat == "kernel"),
+                    key=lambda e: e.end)
         prev = ks[0].ts
         for e in ks:
-            per[kernel_name(e.name)] += (e.end - prev) / (steps - 1)
+            name = kernel_name(e.name)
+            lag[name].append(e.ts - prev)
+            dur[name].append(e.end - e.ts)
+            charge[name].append(e.end - prev)
             prev = e.end
-    return per
+    n = steps - 1
+    return {name: (len(v) / n, sum(v) / len(v), sum(dur[name]) / len(v),
+                   sum(charge[name]) / len(v)) for name, v in lag.items()}
+
+
+def charged(trace, steps=5):
+    """kernel name -> µs a step charged to its launches (`gaps`)."""
+    return {name: count * ch for name, (count, _, _, ch) in gaps(trace, steps).items()}
 
 
 def main():
