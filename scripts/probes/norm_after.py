@@ -5,7 +5,8 @@ squares over all of K (a reduction across the program's warps), and only then ca
 norm x, element by element (two roundings), and feed the MMA: the MMA waits for the
 reduction. Since rstd is one number a token,
 
-    y[t, n] = sum_k rstd[t] g[k] x[t, k] W[n, k] = rstd[t] * sum_k (g[k] x[t, k]) W[n, k],
+    y[t, n] = sum_k rstd[t] g[k] x[t, k] W[n, k]
+            = rstd[t] * sum_k (g[k] x[t, k]) W[n, k],
 
 the MMA can take x ⊙ g (one rounding to x's dtype) while the sum of squares runs beside
 it, from the same loaded tiles; rstd scales the (M, BN) sums at the end. The roundings
