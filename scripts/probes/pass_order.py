@@ -134,6 +134,13 @@ if OTHERS:
     _, _, names = OTHERS.partition("=")
     early_launch.patch_others(names.split(",") if names else early_launch.OTHERS)
 
+# --qkv=ARM: one change to what the pass's q/k/v meets inside a pass (`qkv_context.py`)
+QKV = next((a for a in sys.argv if a.startswith("--qkv=")), None)
+if QKV:
+    sys.argv.remove(QKV)
+    import qkv_context  # noqa: E402
+    qkv_context.patch(QKV.partition("=")[2])
+
 import pass_variants as pv  # noqa: E402
 
 for label in pv.VARIANTS:
@@ -143,7 +150,8 @@ staging = ("late (weights staged after x is loaded)" if FENCE_ALL_FLAG else
 pv.say(("pass norm rounded by cvt; " if HW_ROUND else "")
        + ("pass norm after the MMA; " if NORM_AFTER else "")
        + ("early launch; " if EARLY else "")
-       + (f"others early ({OTHERS}); " if OTHERS else "") + "pass_dot: " + staging)
+       + (f"others early ({OTHERS}); " if OTHERS else "")
+       + (f"q/k/v {QKV[6:]}; " if QKV else "") + "pass_dot: " + staging)
 
 if __name__ == "__main__":
     pv.main()
