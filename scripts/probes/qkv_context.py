@@ -10,7 +10,12 @@ arm changes one thing the pass's q/k/v meets inside a pass and not alone:
 - `attn-late`: the pass's attention lets the next kernel (o) launch only when it ends,
   not before its wait (then o's programs do not sit beside q/k/v's, loading o);
 - `epi-cvt`: q/k/v's epilogue (rotary) rounds by conversion instructions, the same bits
-  as `round_to`'s integer operations (`hw_round.check`), step and pass.
+  as `round_to`'s integer operations (`hw_round.check`), step and pass;
+- `fast-rstd`: every pass product's norm factor by one rsqrt.approx (`mma_dot.tokens_rstd`)
+  instead of IEEE sqrt and division, which compile for each of the R rows to a chain
+  of MUFU, Newton steps and a branch to a slow path (about 200 serial instructions at
+  R = 8, the same in each program after its wait). The pass differs from the step by a
+  few ulps of the factor (it already differs by its summation order).
 
 The first two give wrong logits (timing only: the checks will say DISAGREES); the last
 two give the same tokens. Run by `pass_order.py --qkv=ARM`, alternating processes:
@@ -24,7 +29,13 @@ import torch
 import triton
 import triton.language as tl
 
-ARMS = ("no-norm", "stale-x", "attn-late", "epi-cvt")
+ARMS = ("no-norm", "stale-x", "attn-late", "epi-cvt", "fast-rstd")
+
+
+@triton.jit
+def rstd_fast(ss, K, eps):
+    """`mma_dot.tokens_rstd` by the approximate reciprocal square root (one MUFU)."""
+    return tl.math.rsqrt(ss / K + eps)
 
 
 @triton.jit
@@ -62,6 +73,12 @@ def patch(arm: str):
     elif arm == "attn-late":
         from gpuinfer.kernels import pass_attention
         pass_attention.pdl_launch_next = no_launch
+    elif arm == "fast-rstd":
+        from gpuinfer.kernels import mma_dot
+        if not hasattr(mma_dot, "tokens_rstd"):  # else the swap would change nothing
+            raise SystemExit("qkv_context fast-rstd: mma_dot has no tokens_rstd; apply "
+                             "pending/next-recording/chapters-5-6.patch first")
+        mma_dot.tokens_rstd = rstd_fast
     elif arm == "epi-cvt":
         import hw_round
         from gpuinfer.kernels import qkv_rope
