@@ -17,11 +17,13 @@ arm changes one thing the pass's q/k/v meets inside a pass and not alone:
   R = 8, the same in each program after its wait). The pass differs from the step by a
   few ulps of the factor (it already differs by its summation order).
 
-The first two give wrong logits (timing only: the checks will say DISAGREES); the last
-two give the same tokens. Run by `pass_order.py --qkv=ARM`, alternating processes:
+The first two give wrong logits (timing only: the checks will say DISAGREES);
+`attn-late` and `epi-cvt` give the same bits, `fast-rstd` the same top-1 (it needs
+`pending/next-recording/chapters-5-6.patch`, which makes it the package's own). Run by
+`pass_order.py --qkv=ARM`, alternating processes:
 
     cd scripts/probes && for a in "" --qkv=no-norm --qkv=stale-x --qkv=attn-late \\
-            --qkv=epi-cvt; do
+            --qkv=epi-cvt --qkv=fast-rstd; do
         PYTHONPATH=../../code timeout 120 python pass_order.py $a --shapes target
     done
 """
