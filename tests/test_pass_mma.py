@@ -14,6 +14,8 @@ import importlib
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 if not torch.cuda.is_available():
     from gpuinfer.kernels.interpret import use_interpreter
@@ -23,6 +25,7 @@ if not torch.cuda.is_available():
 from gpuinfer.kernels import common  # noqa: E402
 from gpuinfer.kernels import pass_mma as pm  # noqa: E402
 from gpuinfer.kernels import pass_mma_heads as ph  # noqa: E402
+from gpuinfer.kernels import tile  # noqa: E402
 from gpuinfer.kernels.gemv import gemv_reference, gemv_silu_reference  # noqa: E402
 from gpuinfer.kernels.qkv_rope import qkv_rope_reference  # noqa: E402
 from gpuinfer.model import quant  # noqa: E402
@@ -308,3 +311,35 @@ def test_pass_kernels_compile_for_sm_80_89_90_without_spills():
                        "gemv_silu_pass_kernel", "lm_head_pass_kernel", "accept_kernel"):
             assert any(line.startswith(f"sm_{sm} ") and kernel in line
                        for line in lines), out
+
+
+@triton.jit
+def _both_norms(x_ptr, g_ptr, r_ptr, a_ptr, b_ptr, n, DT: tl.constexpr,
+                BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < n)
+    g = tl.load(g_ptr + i, mask=i < n)
+    r = tl.load(r_ptr + i, mask=i < n)
+    tl.store(a_ptr + i, tile.normed(x, g, r, DT), mask=i < n)
+    tl.store(b_ptr + i, tile.normed_cvt(x, g, r, DT), mask=i < n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_the_pass_norm_rounds_by_conversion_to_the_same_bits(dtype):
+    """The pass's products round x's norm by conversion instructions
+    (`tile.normed_cvt`), the step's by integer operations (`tile.normed`): the same
+    bits on 4 M values, a quarter of them ties (halfway between two of the dtype)."""
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    x = torch.randn(1 << 22, device=DEVICE, generator=g) * 8
+    ties = x.view(torch.int32) & ~0xFFFF | 0x8000  # BF16's halfway points
+    x[: 1 << 20] = ties[: 1 << 20].view(torch.float32)
+    gain = 1 + 0.1 * torch.randn(x.shape, device=DEVICE, generator=g)
+    rstd = torch.rand(x.shape, device=DEVICE, generator=g) * 4
+    rstd[1 << 20: 1 << 21] = 1  # the ties reach the first rounding unscaled
+    a, b = torch.empty_like(x), torch.empty_like(x)
+    _both_norms[(triton.cdiv(x.numel(), 1024),)](
+        x, gain, rstd, a, b, x.numel(), DT=tl.bfloat16 if dtype == torch.bfloat16
+        else tl.float16, BLOCK=1024)
+    same = a.view(torch.int32) == b.view(torch.int32)
+    assert bool(same.all()), f"{int((~same).sum())} of {x.numel()} differ"

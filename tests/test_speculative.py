@@ -91,6 +91,16 @@ def test_verify_pass_logits_equal_one_token_steps(models, prompt):
     torch.testing.assert_close(passes, steps, rtol=1e-4, atol=1e-5)
 
 
+def test_a_generation_marks_its_decode_loop_once(models, prompt):
+    """What `measure.spans.decode_span_rounds` times: the passes, not the prefill."""
+    from gpuinfer.measure.spans import span_clock
+
+    _, spec = pair(*models)
+    with span_clock() as marked:
+        spec.generate(prompt, 12)
+    assert len(marked) == 1
+
+
 def test_expected_tokens():
     assert sp.expected_tokens(0.0, 4) == 1
     assert sp.expected_tokens(1.0, 4) == 5

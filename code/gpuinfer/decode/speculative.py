@@ -36,6 +36,7 @@ from gpuinfer.decode.runners import BY_HAND, EAGER, TREES, Mode, compiled
 from gpuinfer.decode.static import StaticDecoder
 from gpuinfer.decode.triton_step import MAX_QUERY
 from gpuinfer.kernels.common import compile_ahead
+from gpuinfer.measure.spans import decode_span
 from gpuinfer.measure.timing import capture_graph
 
 REFRESH = (-1, 0)  # the draft's first step of a pass: slots pos - 1 and pos
@@ -294,13 +295,14 @@ class Speculative:
         last, passes, known = start + new_tokens - 1, 0, start
         reads = self.reads
         reads.reset()  # forgets the passes that published since (warm-up, decode_step)
-        while known < last:
-            while reads.in_flight < reads.most and \
-                    known + reads.in_flight * (k + 1) < last:
-                run()
-                reads.queue()
-                passes += 1
-            known = reads.oldest()
+        with decode_span():  # for a clock that times the decode alone
+            while known < last:
+                while reads.in_flight < reads.most and \
+                        known + reads.in_flight * (k + 1) < last:
+                    run()
+                    reads.queue()
+                    passes += 1
+                known = reads.oldest()
         self.passes, self.host_pos = passes, known
         return self._tokens(start, new_tokens)
 

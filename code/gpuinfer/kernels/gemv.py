@@ -7,8 +7,10 @@ columns; what matters is how many programs stream at once and how soon each star
 - Under Programmatic Dependent Launch a kernel starts while the previous one
   finishes. The weights do not depend on the previous kernel, only x does: each
   program loads its first weight tile (`tile.prefetch`) *before* the PDL wait
-  (`pdl_wait`). With `block_k >= K / split_k` that tile is the program's whole slice,
-  all of it in flight before the previous kernel ends.
+  (`pdl_wait_only`). With `block_k >= K / split_k` that tile is the program's whole
+  slice, all of it in flight before the previous kernel ends. And before it loads
+  anything, a program lets the next kernel launch (`pdl_launch_next`), so that the
+  next kernel's weights are on their way while this one waits for x.
 - `split_k` cuts the columns into ranges, one program each, so that a small matrix
   still has many programs; the last program of a block of rows sums the partials in
   a fixed order (`split_k_sum`) and runs the epilogue. (On the H200 it did not pay:
@@ -32,8 +34,9 @@ import triton
 import triton.language as tl
 
 from gpuinfer.model.llama import rms_norm
-from gpuinfer.kernels.common import (Workspace, check_pow2, launch_options, pdl_wait,
-                                     round_to, split_k_sum)
+from gpuinfer.kernels.common import (Workspace, check_pow2, launch_options,
+                                     pdl_launch_next, pdl_wait_only, round_to,
+                                     split_k_sum)
 from gpuinfer.kernels.mma_dot import product
 from gpuinfer.kernels.tile import prefetch, split_columns
 from gpuinfer.model.quant import Int8Matrix, matvec_fp32, unpack
@@ -141,9 +144,10 @@ def gemv_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, res_ptr, norm_ptr, ws_ptr, cnt
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo, k_hi = split_columns(pid_k, K, k_per_split)
     valid = rows < N
+    pdl_launch_next(PDL)  # the next kernel loads its weights while this one runs
     w, g, s = prefetch(w_ptr, stride_w, rows, valid, k_lo, k_hi, norm_ptr, scale_ptr,
                        NORM, SCALED, BLOCK_K)
-    pdl_wait(PDL)
+    pdl_wait_only(PDL)
     R: tl.constexpr = triton.next_power_of_2(ROWS)  # a row per token, padded
     rr = tl.arange(0, R)[:, None]
     at = rr * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # in the block's partials
@@ -175,9 +179,10 @@ def gemv_silu_kernel(w_ptr, scale_ptr, x_ptr, out_ptr, norm_ptr, ws_ptr, cnt_ptr
     pid_k = tl.program_id(1)
     r, j, rows = gate_up_rows(block, N, BLOCK_N)
     k_lo, k_hi = split_columns(pid_k, K, k_per_split)
+    pdl_launch_next(PDL)  # the next kernel loads its weights while this one runs
     w, g, s = prefetch(w_ptr, stride_w, rows, j < N, k_lo, k_hi, norm_ptr, scale_ptr,
                        NORM, SCALED, BLOCK_K)
-    pdl_wait(PDL)
+    pdl_wait_only(PDL)
     R: tl.constexpr = triton.next_power_of_2(ROWS)
     rr = tl.arange(0, R)[:, None]
     y = product(w, g, s, w_ptr, stride_w, rows, j < N, x_ptr, K, k_lo, k_hi, norm_ptr,

@@ -17,7 +17,7 @@ q/k/v and the lm_head alike), different in their product only.
 import triton
 import triton.language as tl
 
-from gpuinfer.kernels.tile import INTERPRET, normed, rows_dots, widen
+from gpuinfer.kernels.tile import INTERPRET, normed_cvt, rows_dots, widen
 
 
 @triton.jit
@@ -54,6 +54,17 @@ def mma(x, w, acc, CHAINS: tl.constexpr = 1):
 
 
 @triton.jit
+def tokens_rstd(ss, K, eps):
+    """Each token's RMSNorm factor 1 / sqrt(ss / K + eps) from its sum of squares ss
+    (M,), by the approximate reciprocal square root: one MUFU a token. The step's
+    correctly rounded sqrt and division compile, for the pass's M rows, to a chain of
+    Newton steps and branches after the PDL wait in every program (0.1 steps of a
+    pass of 5 tokens at Chapter 6's target, H100). The factor differs in its last
+    bits, as the MMA's summation order already makes the pass differ from the step."""
+    return tl.math.rsqrt(ss / K + eps)
+
+
+@triton.jit
 def x_tile(x_ptr, K, cols, k_hi, tt, tok, g, rstd, NORM: tl.constexpr):
     """The pass's x[tt, cols] (M, BK) in x's dtype, RMSNorm'ed per token if NORM (g the
     tile's norm weights, rstd (M,) each token's), rounded as PyTorch rounds it."""
@@ -61,7 +72,7 @@ def x_tile(x_ptr, K, cols, k_hi, tt, tok, g, rstd, NORM: tl.constexpr):
     x = tl.load(x_ptr + tt * K + cols[None, :], mask=tok & (cols < k_hi)[None, :],
                 other=0.0)
     if NORM:
-        x = normed(x.to(tl.float32), g[None, :], rstd[:, None], dt).to(dt)
+        x = normed_cvt(x.to(tl.float32), g[None, :], rstd[:, None], dt).to(dt)
     return x
 
 
@@ -83,8 +94,8 @@ def pass_dot(w, g, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, norm_p
         dt = x_ptr.dtype.element_ty
         x = tl.load(x_ptr + tt * K + cols[None, :], mask=tok & (cols < K)[None, :],
                     other=0.0).to(tl.float32)
-        rstd = tl.math.div_rn(1.0, tl.sqrt_rn(tl.sum(x * x, axis=1) / K + eps))
-        acc = mma(normed(x, g[None, :], rstd[:, None], dt).to(dt), w, acc, CHAINS)
+        rstd = tokens_rstd(tl.sum(x * x, axis=1), K, eps)
+        acc = mma(normed_cvt(x, g[None, :], rstd[:, None], dt).to(dt), w, acc, CHAINS)
     else:
         if NORM:
             ss = tl.zeros((M,), tl.float32)
@@ -93,7 +104,7 @@ def pass_dot(w, g, w_ptr, stride_w, rows, row_mask, x_ptr, K, k_lo, k_hi, norm_p
                 x = tl.load(x_ptr + tt * K + c[None, :], mask=tok & (c < K)[None, :],
                             other=0.0).to(tl.float32)
                 ss += tl.sum(x * x, axis=1)
-            rstd = tl.math.div_rn(1.0, tl.sqrt_rn(ss / K + eps))
+            rstd = tokens_rstd(ss, K, eps)
         acc = mma(x_tile(x_ptr, K, cols, k_hi, tt, tok, g, rstd, NORM), w, acc,
                   CHAINS)
         w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w

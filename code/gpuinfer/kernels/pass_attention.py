@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 
 from gpuinfer.kernels.attention import slots_seen
-from gpuinfer.kernels.common import (INTERPRETED, check_pow2, launch_options, pdl_wait,
-                                     round_to)
+from gpuinfer.kernels.common import (INTERPRETED, check_pow2, launch_options,
+                                     pdl_launch_next, pdl_wait_only, round_to)
 
 FRESH = 16  # the second tile's rows: the pass's own slots, at most 16 tokens a pass
 
@@ -57,7 +57,11 @@ def pass_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, cache_head_stride
     at = base + slots[:, None] * HEAD_DIM + d[None, :]
     k = tl.load(k_ptr + at, mask=old[:, None], other=0.0)
     v = tl.load(v_ptr + at, mask=old[:, None], other=0.0)
-    pdl_wait(PDL)  # q and the pass's keys and values come from the q/k/v kernel
+    # The o product launches first and loads its weights while this program waits:
+    # a 2-token pass 0.11 steps faster on an H100. (The step's attention does not:
+    # there it made the 1B step 1.3 % slower.)
+    pdl_launch_next(PDL)
+    pdl_wait_only(PDL)  # q and the pass's keys and values come from the q/k/v kernel
     j = tl.arange(0, FRESH)
     fresh_slot = first + j
     fresh = (j < TOKENS) & (fresh_slot >= 0) & (fresh_slot < capacity)

@@ -12,8 +12,9 @@ The step itself keeps its GEMV kernels: a `tl.dot` step was measured at 594 µs 
 
 Each kernel runs the step's own program (`gemv.gemv_kernel`, `gemv.gemv_silu_kernel`)
 with its product on the tensor cores (MMA: `mma_dot.product`, `mma_dot.pass_dot`), so
-all else is the step's: the first weight tile loaded before the PDL wait
-(`tile.prefetch`, `common.pdl_wait`) and x, written by the kernel before, after it;
+all else is the step's: the next kernel let launch first (`common.pdl_launch_next`),
+the first weight tile loaded before the PDL wait (`tile.prefetch`,
+`common.pdl_wait_only`) and x, written by the kernel before, after it;
 the other tiles (a long K, the down projection's) in a loop over K; an RMSNorm
 prologue per token, a residual epilogue (`gemv.store_linear`), SiLU(gate) * up on the
 stacked gate/up rows (`gemv.gate_up_rows`, `gemv.store_silu`), split-K finished by the

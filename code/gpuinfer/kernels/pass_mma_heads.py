@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gpuinfer.kernels.common import Workspace, arrive, launch_options, pdl_wait
+from gpuinfer.kernels.common import (Workspace, arrive, launch_options, pdl_launch_next,
+                                     pdl_wait_only)
 from gpuinfer.kernels.embed_head import ArgmaxWorkspace, accept_choices, \
     argmax_reduce_kernel, choose, launch_lm_head, lm_head_argmax_kernel
 from gpuinfer.kernels.gemv import pass_outputs
@@ -90,7 +91,8 @@ def accept_kernel(best_ptr, best_idx_ptr, choices_ptr, cnt_ptr, n_blocks, tokens
     the last to finish accepts the proposals up to the first that is not the choice
     after the token before it, writes the choices up to there and moves pos (the
     acceptance `pick_tokens` runs too: `embed_head.accept_choices`)."""
-    pdl_wait(PDL)
+    pdl_launch_next(PDL)  # before the wait, as the pass's attention
+    pdl_wait_only(PDL)
     t = tl.program_id(0)
     mine = choose(best_ptr + t * n_blocks, best_idx_ptr + t * n_blocks, n_blocks,
                   BLOCK_R, N_CHUNKS)

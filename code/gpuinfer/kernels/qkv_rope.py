@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from gpuinfer.model.llama import rms_norm, rotate_half
-from gpuinfer.kernels.common import (Workspace, launch_options, pdl_wait, round_to,
-                                     split_k_sum)
+from gpuinfer.kernels.common import (Workspace, launch_options, pdl_launch_next,
+                                     pdl_wait_only, round_to, split_k_sum)
 from gpuinfer.kernels.gemv import GemvConfig, pass_outputs, workspace_for
 from gpuinfer.kernels.mma_dot import product
 from gpuinfer.kernels.tile import prefetch, split_columns
@@ -53,9 +53,10 @@ def qkv_rope_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, q_ptr, k_cache_ptr, v_cac
     pid_k = tl.program_id(1)
     r, rows, paired = rotary_rows(block, N_HEADS, N_KV, HEAD_DIM, BLOCK_N)
     k_lo, k_hi = split_columns(pid_k, K, k_per_split)
+    pdl_launch_next(PDL)  # the next kernel loads its weights while this one runs
     w, g, s = prefetch(w_ptr, stride_w, rows, paired, k_lo, k_hi, norm_ptr, scale_ptr,
                        NORM, SCALED, BLOCK_K)
-    pdl_wait(PDL)
+    pdl_wait_only(PDL)
     # The pass's tokens at slots pos - ROWS + 1 ... pos, a row each (padded to R); pos
     # and each position's cos/sin now, so that they arrive while the dot runs.
     R: tl.constexpr = triton.next_power_of_2(ROWS)

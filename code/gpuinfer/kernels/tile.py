@@ -38,6 +38,19 @@ def normed(x, g, rstd, dt):
 
 
 @triton.jit
+def normed_cvt(x, g, rstd, dt):
+    """`normed`, each rounding one conversion instruction (cvt.rn, to nearest, ties to
+    even), which gives `round_to`'s bits (a GPU test checks them). A pass's products
+    norm up to 16 tokens' x in every program: there the integer rounding was most of
+    their growth with the tokens. Interpreted: `normed` (the interpreter truncates)."""
+    if INTERPRET or dt == tl.float32:
+        y = normed(x, g, rstd, dt)
+    else:
+        y = (g * (x * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    return y
+
+
+@triton.jit
 def widen(w, BITS: tl.constexpr):
     """A weight tile in FP32. An int8 tile goes through its float bits, not through
     conversion instructions: on the H100/H200 an int-to-float conversion issues at an

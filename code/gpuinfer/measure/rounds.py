@@ -76,23 +76,7 @@ def interleaved_rounds(fns: dict[Hashable, Callable[[], object]], *, rounds: int
     hits every variant alike. `warmup` untimed rounds come first. Each call is timed on its
     own, GPU work included; times are divided by `per_call` (e.g. tokens per generation, for
     milliseconds per token). Without CUDA the host clock times them (smoke mode)."""
-    if rounds < 1 or warmup < 0 or not fns:
-        raise ValueError(f"need rounds >= 1, warmup >= 0 and variants, got {rounds=} "
-                         f"{warmup=} and {len(fns)} variants")
-    if not torch.cuda.is_available():
-        warnings.warn("no CUDA device: timing with the host clock (smoke mode, not a GPU "
-                      "measurement)", HostClockWarning, stacklevel=2)
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    times: dict[Hashable, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            times[name].append(time_call(fns[name]) / per_call)
-    clock = "cuda-event" if torch.cuda.is_available() else "host"
-    return Rounds({name: tuple(t) for name, t in times.items()}, clock)
+    return _timed_rounds(fns, None, rounds, warmup, per_call)[0]
 
 
 def paced_rounds(fns: dict[Hashable, Callable[[], object]], pace: Callable[[], float], *,
@@ -104,12 +88,20 @@ def paced_rounds(fns: dict[Hashable, Callable[[], object]], pace: Callable[[], f
     pace readings as Rounds of the same shape (in pace()'s unit). A host switches between
     paces for seconds at a time; a reading per call, rather than per round, follows it
     through rounds of long calls. (`interleaved_rounds` is this without the readings.)"""
+    return _timed_rounds(fns, pace, rounds, warmup, per_call)
+
+
+def _timed_rounds(fns: dict[Hashable, Callable[[], object]],
+                  pace: Callable[[], float] | None, rounds: int, warmup: int,
+                  per_call: float) -> tuple[Rounds, Rounds | None]:
+    """The rounds of `interleaved_rounds` (pace None: no readings, None in their place)
+    and of `paced_rounds`, one loop for both, so that they time alike."""
     if rounds < 1 or warmup < 0 or not fns:
         raise ValueError(f"need rounds >= 1, warmup >= 0 and variants, got {rounds=} "
                          f"{warmup=} and {len(fns)} variants")
-    if not torch.cuda.is_available():
-        warnings.warn("no CUDA device: timing with the host clock (smoke mode, not a GPU "
-                      "measurement)", HostClockWarning, stacklevel=2)
+    if not torch.cuda.is_available():  # stacklevel 3: the public function's caller
+        warnings.warn("no CUDA device: timing with the host clock (smoke mode, not a "
+                      "GPU measurement)", HostClockWarning, stacklevel=3)
     names = list(fns)
     for _ in range(warmup):
         for name in names:
@@ -119,11 +111,14 @@ def paced_rounds(fns: dict[Hashable, Callable[[], object]], pace: Callable[[], f
     for r in range(rounds):
         k = r % len(names)
         for name in names[k:] + names[:k]:
-            paces[name].append(pace())
+            if pace is not None:  # untimed, right before the call it is read for
+                paces[name].append(pace())
             times[name].append(time_call(fns[name]) / per_call)
     clock = "cuda-event" if torch.cuda.is_available() else "host"
-    return (Rounds({name: tuple(t) for name, t in times.items()}, clock),
-            Rounds({name: tuple(t) for name, t in paces.items()}, "pace"))
+    timed = Rounds({name: tuple(t) for name, t in times.items()}, clock)
+    if pace is None:
+        return timed, None
+    return timed, Rounds({name: tuple(t) for name, t in paces.items()}, "pace")
 
 
 def at_fast_pace(readings, among=None, *, margin: float = 0.15) -> list[bool]:

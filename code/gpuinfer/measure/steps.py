@@ -49,6 +49,16 @@ def decode_steps(indices: range, name: str = STEP):
         _marks.append(timestamp())
 
 
+def durations_ms(pairs) -> list[float]:
+    """Each (start, end) pair of timestamps in ms: CUDA events on the GPU's timeline
+    (after a sync), else host-clock seconds."""
+    pairs = list(pairs)
+    if pairs and not isinstance(pairs[0][0], float):
+        torch.cuda.synchronize()
+        return [a.elapsed_time(b) for a, b in pairs]
+    return [(b - a) * 1e3 for a, b in pairs]
+
+
 class StepTimes:
     """Timestamps of the step boundaries of the decode loop run inside `step_clock()`."""
 
@@ -57,12 +67,7 @@ class StepTimes:
 
     def times_ms(self) -> list[float]:
         """Each decode step's duration, ms (CUDA events: GPU timeline; else host clock)."""
-        if len(self.marks) < 2:
-            return []
-        if isinstance(self.marks[0], float):
-            return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
-        torch.cuda.synchronize()
-        return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+        return durations_ms(zip(self.marks, self.marks[1:]))
 
 
 @contextlib.contextmanager

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from gpuinfer.measure.rounds import Comparison, Rounds
+from gpuinfer.measure.rounds import Comparison, Rounds, apart
 from gpuinfer.measure.timing import Timing
 from gpuinfer.model.stock_generate import STOCK_LABELS
 
@@ -113,10 +113,6 @@ class StockRun:
         timed in the same rounds, so the range is the widest the two spreads allow: this
         variant's fastest round over ours' slowest, to its slowest over ours' fastest
         (`gpuinfer.measure.rounds.apart`)."""
-        # imported here, not at the top: the module's imports count for every recording
-        # that imports it (Chapter 5's too), this method only for those that reach it
-        from gpuinfer.measure.rounds import apart
-
         if not self.ok:
             raise ValueError(f"{self.label} failed in its fresh process: {self.error}")
         return apart(name, ours, self.label, self.decode)
