@@ -12,7 +12,11 @@ down has ended, its weights are not loaded ahead: the step's q/k/v, smaller prog
 would fit beside down's and the pass's would not. (Measured: it starts as early
 as the step's; NOTES-57, the `pass_gaps.py` section.)
 
-    PYTHONPATH=code timeout 120 python scripts/probes/pass_gaps.py
+    PYTHONPATH=code timeout 120 python scripts/probes/pass_gaps.py [T ...]
+
+The token counts T default to 1, 2 and 5; `4 5` shows which kernels make the pass of 5
+tokens cost 15 % of a step more than the pass of 4 (Chapter 6's H100 recording of
+2026-12-07: 255 against 296 µs).
 """
 import os
 import sys
@@ -34,7 +38,7 @@ def main():
     dec = MmaPassDecoder(model, capacity=sm.CAPACITY, max_query=8)
     with torch.no_grad():
         dec.prefill(sm.prompt(sm.PROMPT, model.config.vocab_size))
-        for q in (1, 2, 5):
+        for q in [int(t) for t in sys.argv[1:]] or (1, 2, 5):
             rep = sm.ready(dec, q)  # compiled ahead, from a fixed position
             per = gaps(profile_steps(rep, steps=STEPS, head_start=True), STEPS)
             print(f"{torch.cuda.get_device_name()} target T={q}: per launch, µs "
