@@ -100,8 +100,8 @@ class Layer:
                        for _ in range(self.layers)]
         self.ws = {t: AttentionWorkspace(dev, b.kv, b.heads // b.kv, b.d,
                                          self.attention["n_split"], rows=t)
-                   for t in (1, 2, 5)}
-        self.pos = {t: torch.tensor([sm.START + t - 1], device=dev) for t in (1, 2, 5)}
+                   for t in range(1, 9)}
+        self.pos = {t: torch.tensor([sm.START + t - 1], device=dev) for t in range(1, 9)}
 
     def attn(self, t, i):
         b, (k, v) = self.b, self.caches[i % self.layers]
@@ -144,12 +144,13 @@ def check_all(checker, cases):
 
 
 def breakdown(label, b, layer, rounds):
-    """(a): every kernel alone, step and mma T = 2, 5."""
+    """(a): every kernel alone, step and mma T = 2, 5 (or `PASS_T`, e.g. 4,5)."""
+    ts = tuple(int(t) for t in os.environ.get("PASS_T", "2,5").split(","))
     names = ("embed",) + LAYER + ("lm_head",)
-    checked, _ = check_all(sw.Checker(b), [(n, t, b.new[n]) for t in (2, 5)
+    checked, _ = check_all(sw.Checker(b), [(n, t, b.new[n]) for t in ts
                                            for n in pm.PRODUCTS])
     say(f"{label}: (a) rule tiling checks: {len(checked)} of 10 ok")
-    fns, keys = {}, [(n, t) for t in (1, 2, 5) for n in names]
+    fns, keys = {}, [(n, t) for t in (1,) + ts for n in names]
     compile_ahead(lambda: [layer.fn(n, t, b.new)(0) for n, t in keys])
     for n, t in keys:
         count = max(16, len(b.w[n]) if n in b.w else layer.layers)
@@ -159,12 +160,12 @@ def breakdown(label, b, layer, rounds):
     say(f"{label}: (a) µs a launch (alone, graphed, from HBM); (pass - step) x "
         "layers = the kernel's share of a pass's extra time")
     for n in names:
-        times = "  ".join(f"T={t} {us[n, t]:7.2f}" for t in (1, 2, 5))
+        times = "  ".join(f"T={t} {us[n, t]:7.2f}" for t in (1,) + ts)
         mult = L if n in LAYER else 1
         extra = "  ".join(f"+{(us[n, t] - us[n, 1]) * mult:6.1f} µs (T={t})"
-                          for t in (2, 5))
+                          for t in ts)
         say(f"{label} {n:8s} {times}   {extra}")
-    for t in (1, 2, 5):
+    for t in (1,) + ts:
         total = sum(us[n, t] * (L if n in LAYER else 1) for n in names)
         say(f"{label} sum T={t}: {total:7.1f} µs")
     return us

@@ -7,11 +7,12 @@ CUDA events see of work the host hands to the GPU.
 - `async_launch`: one large product on a host lane and a GPU lane. The host enqueues the
   kernel and returns at once, so a host clock read without a synchronize times the enqueue;
   the kernel runs later, between two events the GPU timestamps itself.
-- `eager_handover`: eager calls timed back to back, each between two events, in two
-  regimes. (a) A host faster than the kernel runs ahead and queues the next launch, so each
-  pair of events brackets only its kernel. (b) A host slower than the kernel leaves the GPU
-  idle: each pair then holds the host's work before the launch, the launch's latency and the
-  kernel. Panel (b) is drawn from a traced run's medians.
+- `eager_handover`: eager calls timed back to back, each between two events: (a) at a
+  given host time per call, (b) from a traced run's medians. Each panel is drawn in the
+  regime its numbers give. A host faster than the kernel runs ahead and queues the next
+  launch, so each pair of events brackets only its kernel (and the events themselves). A
+  host slower than the kernel leaves the GPU idle: each pair then holds the host's work
+  before the launch, the launch's latency and the kernel.
 
 Every function takes the measured numbers it shows and returns a matplotlib figure; the
 chapter turns it into an image with alt text (`gpuinfer.report.diagrams.image`).
@@ -152,72 +153,113 @@ def async_launch(host_ms: float, kernel_ms: float):
 
 
 def eager_handover(host_us: float, kernel_us: float, traced: dict[str, float]):
-    """Eager calls timed back to back, each between its own pair of events, in two regimes
-    (the module docstring). (a) The host needs `host_us` a call, less than the kernel's
-    `kernel_us`. (b) A traced run's medians (µs): `host` a call, `kernel`, `queued` (the
-    launch call's start to its kernel's start) and `event` (a call's pair of events)."""
+    """Eager calls timed back to back, each between its own pair of events, in two panels
+    (the module docstring). (a) The host needs `host_us` a call, the kernel `kernel_us`.
+    (b) A traced run's medians (µs): `host` a call, `kernel`, `queued` (the launch call's
+    start to its kernel's start) and `event` (a call's pair of events). Each panel is
+    drawn in the regime its numbers give: a host faster than the kernel runs ahead and the
+    kernels run back to back; a slower one leaves the GPU idle between kernels."""
     fig, ax = canvas(10, 6.0)
-    calls = 4  # in (a); (b) draws two
-    # One time scale for both panels, wide enough for the longer of them: (a) ends with its
-    # last kernel, (b) with its second call.
-    across = 1.05 * max(host_us + calls * max(host_us, kernel_us), 2 * traced["host"],
-                        traced["host"] + traced["event"])  # µs
-    t0, scale = 1.1, 8.7 / across  # canvas units per µs
-    h = 0.55
-    tx = lambda us: t0 + us * scale  # noqa: E731
-    end = tx(across)
-
-    # (a) A host faster than the kernel: the launches queue up and the kernels run back to
-    # back; each call's events wait in the queue with it, so they bracket its kernel alone.
-    label(ax, 0.15, 5.8, f"(a) If a timed call cost the host {host_us:.1f} µs, less than "
-          f"the kernel's {kernel_us:.1f} µs", size=SMALL, weight="bold", va="center")
-    host_y, gpu_y = 4.85, 3.95
-    lane(ax, host_y, h, "host", t0, end, size=LARGE)
-    lane(ax, gpu_y, h, "GPU", t0, end, size=LARGE)
-    for i in range(calls):
-        span(ax, host_y, h, tx(i * host_us), tx((i + 1) * host_us) - 0.03, f"call {i + 1}",
-             color=BLUE, alpha=0.35, size=SMALL)
-    ends = []
-    for i in range(calls):
-        begin = max(tx((i + 1) * host_us), ends[-1] if ends else 0)
-        finish = begin + kernel_us * scale
-        span(ax, gpu_y, h, begin, finish - 0.03, f"kernel {i + 1}", color=ORANGE,
-             alpha=0.35, size=SMALL)
-        ends.append(finish)
-    _under(ax, ends[-2], ends[-1] - 0.03, gpu_y - 0.1,
-           f"timed call = its kernel: {kernel_us:.1f} µs")
-    label(ax, tx(host_us * calls) + 0.1, host_y + h / 2, "the host runs ahead",
-          size=SMALL, color="0.3")
-
-    # (b) The traced run: the host takes longer than the kernel, so the GPU drains its
-    # queue and waits. A call's events then hold the host's work before the launch, the
-    # launch's latency and the kernel.
     host, kernel, queued, event = (traced[k] for k in ("host", "kernel", "queued", "event"))
+    ahead = host < kernel
     before = max(event - kernel - queued, 0.0)  # start event to the launch call, derived
-    label(ax, 0.15, 2.95, f"(b) The traced run: the host needs {host:.1f} µs a call, more "
-          f"than the kernel's {kernel:.1f} µs", size=SMALL, weight="bold", va="center")
-    host_y, gpu_y = 1.95, 1.0
-    lane(ax, host_y, h, "host", t0, end, size=LARGE)
-    lane(ax, gpu_y, h, "GPU", t0, end, size=LARGE)
-    idle_from = 0.0
-    for i in range(2):
-        c = i * host
-        span(ax, host_y, h, tx(c), tx(c + before), "before\nthe launch",
-             color=BLUE, alpha=0.35, size=SMALL)
-        span(ax, host_y, h, tx(c + before), tx(c + host) - 0.03, "the rest of the call",
-             color=BLUE, alpha=0.15, size=SMALL)
-        k0 = c + before + queued  # the kernel starts `queued` µs after its launch call
-        span(ax, gpu_y, h, tx(idle_from), tx(k0), "idle", color=GREY, alpha=0.08,
-             size=SMALL, hatch="///")
-        span(ax, gpu_y, h, tx(k0), tx(k0 + kernel) - 0.03, f"kernel {i + 1}",
-             color=ORANGE, alpha=0.35, size=SMALL)
-        arrow(ax, (tx(c + before), host_y), (tx(k0), gpu_y + h), color="0.35")
-        idle_from = k0 + kernel
-    label(ax, tx(before + queued) + 0.1, (host_y + gpu_y + h) / 2,
-          f"launch → kernel: {queued:.1f} µs", size=SMALL, color="0.3")
-    _under(ax, tx(0), tx(event), gpu_y - 0.1, f"timed call: {event:.1f} µs")
-    label(ax, (t0 + end) / 2, 0.15, "time →", size=LARGE, ha="center", color="0.3")
+    # Where the kernels queue, a call's events sit between its kernel and the next one
+    events = max(event - kernel, 0.0) if ahead else 0.0
+    # (b) ends with its second kernel or the host's last call: the third, with room for a
+    # label after it, where the host runs ahead; the second where the GPU waits for it.
+    b_end = (max(before + queued + events + 2 * kernel, 3 * host / 0.8) if ahead else
+             max(host + before + queued + kernel, 2 * host))
+    # One time scale for both panels, wide enough for the longer of them
+    across = 1.05 * max(host_us + 4 * max(host_us, kernel_us), b_end)  # µs
+    t0, scale = 1.1, 8.7 / across  # canvas units per µs
+    tx = lambda us: t0 + us * scale  # noqa: E731
+
+    # (a) Calls that cost the host `host_us` each, each launch at the end of its call
+    _title(ax, 5.8, f"(a) If a timed call cost the host {host_us:.1f} µs", host_us,
+           kernel_us)
+    lanes = _lanes(ax, 4.85, 3.95, t0, tx(across))
+    done = _run(ax, lanes, tx, [(i * host_us, (i + 1) * host_us) for i in range(4)],
+                [(i + 1) * host_us for i in range(4)], kernel_us)
+    if host_us < kernel_us:
+        _under(ax, tx(done[-1][0]), tx(done[-1][1]) - 0.03, 3.85,
+               f"timed call = its kernel: {kernel_us:.1f} µs")
+        label(ax, tx(4 * host_us) + 0.1, 5.125, "the host runs ahead", size=SMALL,
+              color="0.3")
+
+    # (b) The traced run. Where the kernels queue, the first one drawn starts behind those
+    # of earlier calls, and each call's events hold its kernel alone; where the GPU waits,
+    # they hold the host's work before the launch, the launch's latency and the kernel.
+    _title(ax, 2.95, f"(b) The traced run: the host needs {host:.1f} µs a call", host,
+           kernel)
+    lanes = _lanes(ax, 1.95, 1.0, t0, tx(across))
+    calls = [(i * host, (i + 1) * host) for i in range(3 if ahead else 2)]
+    done = _run(ax, lanes, tx, calls, [c + before for c, _ in calls[:2]], kernel,
+                queued=queued, events=events, before=before, arrows=1 if ahead else 2,
+                idle_from=None if ahead else 0.0)
+    label(ax, tx(done[0][0]) + 0.1, 1.78, f"launch → kernel: {queued:.1f} µs",
+          size=SMALL, color="0.3")
+    if ahead:
+        earlier = tx(done[0][0] - events) - 0.03  # where the kernels of earlier calls end
+        if earlier > t0:
+            span(ax, 1.0, 0.55, t0, earlier, "kernels of earlier calls" * (earlier > 3.4),
+                 color=ORANGE, alpha=0.15, size=SMALL)
+        label(ax, tx(calls[-1][1]) + 0.1, 2.225, "the host runs ahead", size=SMALL,
+              color="0.3")
+        _under(ax, tx(done[0][0]), tx(done[0][0] + event), 0.9,
+               f"timed call: {event:.1f} µs, its kernel and the events")
+    else:
+        _under(ax, t0, tx(event), 0.9, f"timed call: {event:.1f} µs")
+    label(ax, (t0 + tx(across)) / 2, 0.15, "time →", size=LARGE, ha="center", color="0.3")
     return fig
+
+
+def _title(ax, y: float, text: str, host: float, kernel: float) -> None:
+    """A panel's title: `text`, which gives the host's µs a call, and how they compare
+    with the kernel's, as printed."""
+    shown = round(host, 1), round(kernel, 1)
+    than = ("less than" if shown[0] < shown[1] else
+            "more than" if shown[0] > shown[1] else "the same as")
+    label(ax, 0.15, y, f"{text}, {than} the kernel's {kernel:.1f} µs",
+          size=SMALL, weight="bold", va="center")
+
+
+def _lanes(ax, host_y: float, gpu_y: float, x0: float, x1: float) -> tuple[float, float]:
+    """A host lane at height host_y above a GPU lane at gpu_y, from x0 to x1; the two
+    heights."""
+    lane(ax, host_y, 0.55, "host", x0, x1, size=LARGE)
+    lane(ax, gpu_y, 0.55, "GPU", x0, x1, size=LARGE)
+    return host_y, gpu_y
+
+
+def _run(ax, lanes, tx, calls, launches, kernel: float, *, queued: float = 0.0,
+         events: float = 0.0, before: float = 0.0, arrows: int = 0,
+         idle_from: float | None = None) -> list[tuple[float, float]]:
+    """Draw `calls` ((start, end) in µs) on the host lane and the kernels of `launches`
+    (µs) on the GPU lane: each starts `queued` after its launch or `events` after the
+    kernel before it, whichever is later, and a longer wait is drawn as idle (before the
+    first kernel too, from `idle_from`, unless None); an arrow from each of the first
+    `arrows` launches to its kernel. The kernels' (start, end), in µs."""
+    (host_y, gpu_y), h = lanes, 0.55
+    for i, (c0, c1) in enumerate(calls):
+        if before > 0:
+            span(ax, host_y, h, tx(c0), tx(c0 + before), "before\nthe launch",
+                 color=BLUE, alpha=0.35, size=SMALL)
+        span(ax, host_y, h, tx(c0 + before), tx(c1) - 0.03,
+             "the rest of the call" if before > 0 else f"call {i + 1}",
+             color=BLUE, alpha=0.15 if before > 0 else 0.35, size=SMALL)
+    done: list[tuple[float, float]] = []
+    for i, launched in enumerate(launches):
+        start = max(launched + queued, done[-1][1] + events if done else 0.0)
+        free = done[-1][1] + events if done else idle_from  # the GPU's idle from here
+        if free is not None and start > free:
+            span(ax, gpu_y, h, tx(free), tx(start), "idle" * (tx(start) - tx(free) > 0.6),
+                 color=GREY, alpha=0.08, size=SMALL, hatch="///")
+        span(ax, gpu_y, h, tx(start), tx(start + kernel) - 0.03, f"kernel {i + 1}",
+             color=ORANGE, alpha=0.35, size=SMALL)
+        if i < arrows:
+            arrow(ax, (tx(launched), host_y), (tx(start), gpu_y + h), color="0.35")
+        done.append((start, start + kernel))
+    return done
 
 
 def _under(ax, x0: float, x1: float, y: float, text: str) -> None:
