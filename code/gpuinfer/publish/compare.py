@@ -4,7 +4,7 @@
 Every number in a chapter's prose is glued from its run (myst_nb.glue): by its measurement
 cells, whose outputs the recording holds, and by its presentation cells, which run here
 from the values the recording kept beside it (`<chapter>/data.json`, as the build runs
-them). So the recording made on the book's H200 and one made on your GPU can be compared
+them). So the recording made on the book's GPU and one made on yours can be compared
 value by value, with the GPUs they came from, without reading either page.
 """
 

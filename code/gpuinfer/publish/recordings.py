@@ -40,7 +40,7 @@ STATES = ("fresh", "stale", "missing", "cpu", "corrupt", "unfinished", "linked")
 
 def record_command(chapter: str) -> str:
     return (f"`python -m gpuinfer.publish.record {chapter}` on a CUDA machine "
-            f"(on the book's H200: `bash scripts/gpu_record.sh {chapter}`)")
+            f"(on the book's GPU machine: `bash scripts/gpu_record.sh {chapter}`)")
 
 
 @dataclass(frozen=True)
