@@ -249,8 +249,9 @@ def _run(ax, lanes, tx, calls, launches, kernel: float, *, queued: float = 0.0,
              color=BLUE, alpha=0.15 if before > 0 else 0.35, size=SMALL)
     done: list[tuple[float, float]] = []
     for i, launched in enumerate(launches):
-        start = max(launched + queued, done[-1][1] + events if done else 0.0)
-        free = done[-1][1] + events if done else idle_from  # the GPU's idle from here
+        after = done[-1][1] + events if done else None  # the kernel before and its events
+        start = max(launched + queued, 0.0 if after is None else after)
+        free = idle_from if after is None else after  # the GPU's idle from here
         if free is not None and start > free:
             span(ax, gpu_y, h, tx(free), tx(start), "idle" * (tx(start) - tx(free) > 0.6),
                  color=GREY, alpha=0.08, size=SMALL, hatch="///")
