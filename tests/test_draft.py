@@ -1,5 +1,6 @@
-"""A draft cut from its target (gpuinfer.model.draft): which layers it keeps, what is
-copied and frozen, that it trains, and that misuse is refused before a weight changes."""
+"""A draft cut from its target (gpuinfer.model.draft): which layers it keeps, what
+is copied and frozen, that it trains, and that misuse is refused before a weight
+changes."""
 
 import pytest
 import torch
@@ -14,9 +15,10 @@ SHAPE = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
 
 
 def llama(layers: int, seed: int, **sizes):
-    return build_model(model_config("tiny", vocab_size=VOCAB, tie_word_embeddings=True,
-                                    max_position_embeddings=128, num_hidden_layers=layers,
-                                    **{**SHAPE, **sizes}), seed=seed)
+    config = model_config("tiny", vocab_size=VOCAB, tie_word_embeddings=True,
+                          max_position_embeddings=128, num_hidden_layers=layers,
+                          **{**SHAPE, **sizes})
+    return build_model(config, seed=seed)
 
 
 def weights(model):
@@ -48,12 +50,14 @@ def test_start_from_copies_the_target_and_freezes_the_embedding():
     assert all(p.requires_grad for p in d.layers.parameters())
     # the copies are the draft's own: training it leaves the target as it was
     before = weights(target)
-    stream = torch.randint(0, VOCAB, (2000,), generator=torch.Generator().manual_seed(0))
+    stream = torch.randint(0, VOCAB, (2000,),
+                           generator=torch.Generator().manual_seed(0))
     log = train(draft, stream, steps=4, batch=2, seq_len=16, lr=1e-2, warmup=1,
                 teacher=target, log_every=100)
     assert log.steps == 4
     assert torch.equal(d.embed_tokens.weight, t.embed_tokens.weight)  # frozen
-    assert not torch.equal(d.layers[0].mlp.up_proj.weight, t.layers[0].mlp.up_proj.weight)
+    assert not torch.equal(d.layers[0].mlp.up_proj.weight,
+                           t.layers[0].mlp.up_proj.weight)
     assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
 
 
@@ -90,8 +94,8 @@ def test_the_target_is_not_its_own_draft():
 
 def test_another_vocabulary_is_refused():
     target = llama(2, seed=0)
-    draft = build_model(model_config("tiny", vocab_size=VOCAB + 1, tie_word_embeddings=True,
-                                     max_position_embeddings=128, num_hidden_layers=1,
-                                     **SHAPE), seed=1)
+    config = model_config("tiny", vocab_size=VOCAB + 1, tie_word_embeddings=True,
+                          max_position_embeddings=128, num_hidden_layers=1, **SHAPE)
+    draft = build_model(config, seed=1)
     with pytest.raises(ValueError, match="vocab_size is 65, the target's 64"):
         start_from(draft, target)
